@@ -1,0 +1,91 @@
+// The backend contract and the registry of named backends (built-in, registered in code, or
+// loaded from shared-library plugins).
+#pragma once
+
+#include <torchcompile/ir/graph_module.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace torchcompile {
+
+using ir::GraphModule;
+
+/// A compiled graph: takes the graph's inputs (placeholders, in order) and returns its outputs.
+/// It may consume (and free) its input vector.
+using CompiledFn = std::function<std::vector<at::Tensor>(std::vector<at::Tensor>)>;
+
+/// A backend turns a captured graph into a CompiledFn. `example_inputs` are the real inputs
+/// of the call that was traced. A backend may return an empty CompiledFn to decline (the
+/// caller then tries the next backend in a fallback chain, or runs eagerly).
+using Backend = std::function<CompiledFn(GraphModule& gm, const std::vector<at::Tensor>& example_inputs)>;
+
+/// Register `fn` under `name`. Throws if the name is empty or already registered. `tags`
+/// label the entry (`debug`, `experimental`), as Dynamo's registry does.
+void register_backend(const std::string& name, Backend fn, std::vector<std::string> tags = {});
+
+/// The backend registered as `name`. An unknown name first searches the directories listed in
+/// TORCHCOMPILE_BACKEND_PATH (colon-separated) for a plugin named
+/// `libtorchcompile_backend_<name>.so` (or `torchcompile_backend_<name>.so`) and loads it; if
+/// that fails too, throws an error listing the known backends.
+Backend lookup_backend(const std::string& name);
+
+/// Whether `name` is registered (no plugin search).
+bool has_backend(const std::string& name);
+
+/// Registered backend names, sorted. Backends tagged with one of `exclude_tags` are left out
+/// (by default `debug` and `experimental`, as torch._dynamo.list_backends() does).
+std::vector<std::string> list_backends(const std::vector<std::string>& exclude_tags = {"debug", "experimental"});
+
+/// A backend that tries each of `names` in order (a throwing or declining backend passes to the
+/// next) and, if all fail, returns the graph run by the interpreter: seed 000's composable
+/// backend as a function.
+Backend fallback_chain(std::vector<std::string> names);
+
+/// The ABI version of the plugin interface; a plugin built against another version is refused.
+constexpr uint32_t kPluginAbiVersion = 1;
+
+/// What a plugin's registration function receives.
+class PluginRegistrar {
+ public:
+  virtual ~PluginRegistrar() = default;
+  /// Register a backend; same rules as register_backend.
+  virtual void register_backend(const std::string& name, Backend fn, std::vector<std::string> tags = {}) = 0;
+};
+
+/// Load a backend plugin from `path` and run its registration function. Throws, naming the
+/// file, if the file cannot be opened (with dlerror()), a required symbol is missing, the ABI
+/// version differs, or a backend name is already registered. Loading the same file twice is a
+/// no-op. Returns the names the plugin registered.
+std::vector<std::string> load_backend_library(const std::string& path);
+
+}  // namespace torchcompile
+
+// Symbols a plugin exports (declared here so plugins and the loader agree on them).
+#define TORCHCOMPILE_PLUGIN_ABI_SYMBOL "torchcompile_plugin_abi_version"
+#define TORCHCOMPILE_PLUGIN_REGISTER_SYMBOL "torchcompile_plugin_register"
+
+/// Define a plugin's entry points:
+///
+///     TORCHCOMPILE_PLUGIN(registrar) {
+///       registrar.register_backend("my_backend", my_backend_fn);
+///     }
+#define TORCHCOMPILE_PLUGIN(registrar_name)                                                          \
+  extern "C" __attribute__((visibility("default"))) uint32_t torchcompile_plugin_abi_version() {    \
+    return ::torchcompile::kPluginAbiVersion;                                                        \
+  }                                                                                                  \
+  extern "C" __attribute__((visibility("default"))) void torchcompile_plugin_register(               \
+      ::torchcompile::PluginRegistrar& registrar_name)
+
+#define TORCHCOMPILE_CONCAT_INNER_(a, b) a##b
+#define TORCHCOMPILE_CONCAT_(a, b) TORCHCOMPILE_CONCAT_INNER_(a, b)
+
+/// Register a backend from a library or executable linked with torchcompile, at static
+/// initialization:  `TORCHCOMPILE_REGISTER_BACKEND(my_backend, my_backend_fn);`
+#define TORCHCOMPILE_REGISTER_BACKEND(name, fn)                                                      \
+  static const bool TORCHCOMPILE_CONCAT_(torchcompile_backend_registered_, __LINE__) = [] {          \
+    ::torchcompile::register_backend(#name, fn);                                                     \
+    return true;                                                                                     \
+  }()

@@ -1,0 +1,44 @@
+// Options of torch::compile.
+#pragma once
+
+#include <torchcompile/backends/registry.h>
+
+#include <cstddef>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace torchcompile {
+
+/// How to compile. Implicitly constructible from a backend name or a backend function, so
+/// `compile(m, "debug")`, `compile(m, my_backend)` and `compile(m, options)` all work.
+struct CompileOptions {
+  /// A registered backend name; "default" is the best built-in available.
+  std::string backend = "default";
+  /// A backend function; when set it is used instead of `backend`.
+  Backend backend_fn;
+  /// Turn anything that would split or abandon the graph into an error.
+  bool fullgraph = false;
+  /// Names of the placeholders, one per flattened tensor input (a `std::vector<Tensor>`
+  /// argument named `xs` gives `xs_0`, `xs_1`, ...). Defaults: `arg0`, `arg1`, ...
+  std::vector<std::string> input_names;
+  /// Cached entries per compiled object; beyond it the call warns once and runs eagerly.
+  size_t cache_size_limit = 8;
+
+  CompileOptions() = default;
+  CompileOptions(const char* name) : backend(name) {}
+  CompileOptions(std::string name) : backend(std::move(name)) {}
+  CompileOptions(Backend fn) : backend("<function>"), backend_fn(std::move(fn)) {}
+  template <typename F,
+            typename = std::enable_if_t<!std::is_convertible_v<F, std::string> && !std::is_same_v<std::decay_t<F>, Backend> &&
+                                        std::is_invocable_r_v<CompiledFn, F, GraphModule&, const std::vector<at::Tensor>&>>>
+  CompileOptions(F&& fn) : backend("<function>"), backend_fn(Backend(std::forward<F>(fn))) {}
+
+  CompileOptions& with_backend(std::string name) { backend = std::move(name); backend_fn = nullptr; return *this; }
+  CompileOptions& with_fullgraph(bool on = true) { fullgraph = on; return *this; }
+  CompileOptions& with_input_names(std::vector<std::string> names) { input_names = std::move(names); return *this; }
+  CompileOptions& with_cache_size_limit(size_t n) { cache_size_limit = n; return *this; }
+};
+
+}  // namespace torchcompile

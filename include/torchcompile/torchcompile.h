@@ -1,0 +1,220 @@
+// torch::compile for the LibTorch C++ frontend.
+//
+//     #include <torchcompile/torchcompile.h>
+//     auto fast = torch::compile(net, "debug");   // net: std::shared_ptr<Net> or a ModuleHolder
+//     torch::Tensor y = fast(x);                   // same signature and result as net->forward(x)
+//     auto f = torch::compile([](torch::Tensor a, torch::Tensor b) { return a.cos() + b.sin(); });
+//
+// The first call with a new input signature runs the forward once under the tracer (computing
+// the real result while recording every ATen op), hands the graph to the backend and caches the
+// result under guards; later calls that pass the guards run the compiled graph without executing
+// the C++ forward at all. Host-side effects of the forward (printing, counters) therefore happen
+// on tracing calls only, as with torch.jit.trace.
+#pragma once
+
+#include <torchcompile/backends/registry.h>
+#include <torchcompile/ir/graph_module.h>
+#include <torchcompile/runtime/compile_options.h>
+#include <torchcompile/runtime/compiled_function.h>
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace torchcompile {
+
+namespace detail {
+
+// ---- arguments -------------------------------------------------------------------------------
+
+template <typename T>
+struct dependent_false : std::false_type {};
+
+template <typename T>
+void add_arg(runtime::CallArgs& ca, const T& v) {
+  using D = std::decay_t<T>;
+  if constexpr (std::is_same_v<D, at::Tensor>) {
+    ca.add(v);
+  } else if constexpr (std::is_same_v<D, std::vector<at::Tensor>>) {
+    ca.add(v);
+  } else if constexpr (std::is_same_v<D, c10::optional<at::Tensor>>) {
+    ca.add(v);
+  } else if constexpr (std::is_same_v<D, bool>) {
+    ca.add(static_cast<bool>(v));
+  } else if constexpr (std::is_integral_v<D>) {
+    ca.add(static_cast<int64_t>(v));
+  } else if constexpr (std::is_floating_point_v<D>) {
+    ca.add(static_cast<double>(v));
+  } else {
+    static_assert(dependent_false<D>::value,
+                  "torch::compile: forward arguments must be at::Tensor, std::vector<at::Tensor>, "
+                  "c10::optional<at::Tensor>, or an integer, floating-point or bool value");
+  }
+}
+
+// ---- results ---------------------------------------------------------------------------------
+
+template <typename T>
+struct OutputCodec {
+  static_assert(dependent_false<T>::value,
+                "torch::compile: forward must return at::Tensor, std::vector<at::Tensor>, or a "
+                "std::tuple / std::pair of those");
+};
+
+template <>
+struct OutputCodec<at::Tensor> {
+  static void flatten(const at::Tensor& t, std::vector<at::Tensor>& out, runtime::OutputSpec&) { out.push_back(t); }
+  static at::Tensor unflatten(std::vector<at::Tensor>& flat, size_t& pos, const runtime::OutputSpec&, size_t&) {
+    return std::move(flat.at(pos++));
+  }
+};
+
+template <>
+struct OutputCodec<std::vector<at::Tensor>> {
+  static void flatten(const std::vector<at::Tensor>& ts, std::vector<at::Tensor>& out, runtime::OutputSpec& spec) {
+    spec.list_sizes.push_back(ts.size());
+    out.insert(out.end(), ts.begin(), ts.end());
+  }
+  static std::vector<at::Tensor> unflatten(std::vector<at::Tensor>& flat, size_t& pos, const runtime::OutputSpec& spec,
+                                           size_t& list_pos) {
+    const size_t n = spec.list_sizes.at(list_pos++);
+    std::vector<at::Tensor> r;
+    r.reserve(n);
+    for (size_t i = 0; i < n; ++i) r.push_back(std::move(flat.at(pos++)));
+    return r;
+  }
+};
+
+template <typename... Ts>
+struct OutputCodec<std::tuple<Ts...>> {
+  static void flatten(const std::tuple<Ts...>& t, std::vector<at::Tensor>& out, runtime::OutputSpec& spec) {
+    std::apply([&](const auto&... e) { (OutputCodec<std::decay_t<decltype(e)>>::flatten(e, out, spec), ...); }, t);
+  }
+  static std::tuple<Ts...> unflatten(std::vector<at::Tensor>& flat, size_t& pos, const runtime::OutputSpec& spec,
+                                     size_t& list_pos) {
+    // Braced initialization evaluates left to right, matching flatten's order.
+    return std::tuple<Ts...>{OutputCodec<Ts>::unflatten(flat, pos, spec, list_pos)...};
+  }
+};
+
+template <typename A, typename B>
+struct OutputCodec<std::pair<A, B>> {
+  static void flatten(const std::pair<A, B>& p, std::vector<at::Tensor>& out, runtime::OutputSpec& spec) {
+    OutputCodec<A>::flatten(p.first, out, spec);
+    OutputCodec<B>::flatten(p.second, out, spec);
+  }
+  static std::pair<A, B> unflatten(std::vector<at::Tensor>& flat, size_t& pos, const runtime::OutputSpec& spec,
+                                   size_t& list_pos) {
+    A a = OutputCodec<A>::unflatten(flat, pos, spec, list_pos);
+    B b = OutputCodec<B>::unflatten(flat, pos, spec, list_pos);
+    return {std::move(a), std::move(b)};
+  }
+};
+
+// ---- what gets called ------------------------------------------------------------------------
+
+template <typename T>
+struct is_module_holder : std::false_type {};
+template <typename Impl>
+struct is_module_holder<torch::nn::ModuleHolder<Impl>> : std::true_type {};
+
+template <typename T>
+struct is_module_ptr : std::false_type {};
+template <typename M>
+struct is_module_ptr<std::shared_ptr<M>> : std::is_base_of<torch::nn::Module, M> {};
+
+template <typename T>
+inline constexpr bool is_module_like_v =
+    is_module_holder<T>::value || is_module_ptr<T>::value || std::is_base_of_v<torch::nn::Module, T> ||
+    std::is_base_of_v<torch::detail::ModuleHolderIndicator, T>;
+
+}  // namespace detail
+
+/// A compiled module or function. Called like the original (`fast(x)`, `fast->forward(x)`),
+/// returning the same type. Copies share one cache.
+template <typename Callable>
+class Compiled {
+ public:
+  Compiled(Callable callable, std::shared_ptr<torch::nn::Module> root, CompileOptions options, std::string name)
+      : callable_(std::move(callable)),
+        state_(std::make_shared<runtime::CompiledFunction>(std::move(options), std::move(root), std::move(name))) {}
+
+  template <typename... Args>
+  auto operator()(Args&&... args) {
+    using R = decltype(callable_(args...));
+    runtime::CallArgs ca;
+    (detail::add_arg(ca, args), ...);
+    auto entry = state_->lookup(ca);
+    if (entry && !entry->runs_eagerly()) {
+      std::vector<at::Tensor> flat = entry->run(std::move(ca.tensors));
+      size_t pos = 0, list_pos = 0;
+      return detail::OutputCodec<R>::unflatten(flat, pos, entry->output_spec(), list_pos);
+    }
+    if (entry) return callable_(std::forward<Args>(args)...);
+    auto session = state_->begin_trace(ca);
+    R result = callable_(std::forward<Args>(args)...);
+    std::vector<at::Tensor> flat;
+    runtime::OutputSpec spec;
+    detail::OutputCodec<R>::flatten(result, flat, spec);
+    state_->finish_trace(*session, flat, std::move(spec));
+    return result;
+  }
+
+  /// Same as operator().
+  template <typename... Args>
+  auto forward(Args&&... args) {
+    return (*this)(std::forward<Args>(args)...);
+  }
+  /// `fast->forward(x)`, as with a module holder.
+  Compiled* operator->() { return this; }
+
+  /// The cache and its statistics.
+  runtime::CompiledFunction& state() const { return *state_; }
+
+ private:
+  Callable callable_;
+  std::shared_ptr<runtime::CompiledFunction> state_;
+};
+
+/// Calls `module->forward(args...)`.
+template <typename M>
+struct ModuleForward {
+  std::shared_ptr<M> module;
+  template <typename... Args>
+  auto operator()(Args&&... args) -> decltype(module->forward(std::forward<Args>(args)...)) {
+    return module->forward(std::forward<Args>(args)...);
+  }
+};
+
+/// Compile a module given as `std::shared_ptr<M>` (M derives from torch::nn::Module).
+template <typename M, typename = std::enable_if_t<std::is_base_of_v<torch::nn::Module, M>>>
+Compiled<ModuleForward<M>> compile(std::shared_ptr<M> module, CompileOptions options = {}) {
+  std::string name = module->name();
+  std::shared_ptr<torch::nn::Module> root = module;
+  return Compiled<ModuleForward<M>>(ModuleForward<M>{std::move(module)}, std::move(root), std::move(options),
+                                    std::move(name));
+}
+
+/// Compile a module given as a ModuleHolder (`torch::nn::Linear`, a TORCH_MODULE type).
+template <typename Impl>
+Compiled<ModuleForward<Impl>> compile(const torch::nn::ModuleHolder<Impl>& holder, CompileOptions options = {}) {
+  return compile(holder.ptr(), std::move(options));
+}
+
+/// Compile a lambda, function object or function pointer taking tensors.
+template <typename F, typename = std::enable_if_t<!detail::is_module_like_v<std::decay_t<F>>>>
+Compiled<std::decay_t<F>> compile(F&& fn, CompileOptions options = {}) {
+  return Compiled<std::decay_t<F>>(std::forward<F>(fn), nullptr, std::move(options), "function");
+}
+
+}  // namespace torchcompile
+
+namespace torch {
+using torchcompile::compile;
+}  // namespace torch

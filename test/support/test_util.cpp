@@ -1,0 +1,63 @@
+#include "support/test_util.h"
+
+#include <torchcompile/ir/graph_module.h>
+
+#include <sstream>
+
+namespace tc_test {
+
+torchcompile::Backend CompileCounter::backend() const {
+  auto s = state;
+  return [s](torchcompile::GraphModule& gm, const std::vector<at::Tensor>&) -> torchcompile::CompiledFn {
+    {
+      std::lock_guard<std::mutex> lock(s->mutex);
+      ++s->frames;
+      s->graphs.push_back(torchcompile::ir::to_text(gm.graph()));
+      s->tabulars.push_back(torchcompile::ir::tabular_string(gm.graph()));
+      s->op_counts.push_back(count_calls(gm.graph()));
+    }
+    return [&gm](std::vector<at::Tensor> inputs) { return gm.forward(std::move(inputs)); };
+  };
+}
+
+size_t count_calls(const torchcompile::ir::Graph& g) {
+  size_t n = 0;
+  for (const auto& node : g.nodes()) n += node->kind() == torchcompile::ir::NodeKind::CallFunction;
+  return n;
+}
+
+size_t count_calls(const torchcompile::ir::Graph& g, const std::string& target) {
+  size_t n = 0;
+  for (const auto& node : g.nodes())
+    n += node->kind() == torchcompile::ir::NodeKind::CallFunction && node->target() == target;
+  return n;
+}
+
+::testing::AssertionResult tensors_close(const at::Tensor& expected, const at::Tensor& actual, double rtol,
+                                         double atol) {
+  if (expected.defined() != actual.defined())
+    return ::testing::AssertionFailure() << "one tensor is undefined";
+  if (!expected.defined()) return ::testing::AssertionSuccess();
+  if (expected.sizes() != actual.sizes())
+    return ::testing::AssertionFailure() << "sizes differ: expected " << expected.sizes() << ", got " << actual.sizes();
+  if (expected.scalar_type() != actual.scalar_type())
+    return ::testing::AssertionFailure() << "dtypes differ: expected " << expected.scalar_type() << ", got "
+                                         << actual.scalar_type();
+  if (!at::isFloatingType(expected.scalar_type()) && !at::isComplexType(expected.scalar_type()))
+    return tensors_equal(expected, actual);
+  if (rtol < 0) rtol = expected.scalar_type() == at::kDouble ? 1e-7 : 1e-5;
+  if (atol < 0) atol = expected.scalar_type() == at::kDouble ? 1e-9 : 1e-6;
+  if (torch::allclose(expected, actual, rtol, atol, /*equal_nan=*/true)) return ::testing::AssertionSuccess();
+  auto diff = (expected - actual).abs().max().item<double>();
+  return ::testing::AssertionFailure() << "tensors differ: max abs diff " << diff << " (rtol " << rtol << ", atol "
+                                       << atol << ")";
+}
+
+::testing::AssertionResult tensors_equal(const at::Tensor& expected, const at::Tensor& actual) {
+  if (expected.sizes() != actual.sizes() || expected.scalar_type() != actual.scalar_type())
+    return ::testing::AssertionFailure() << "shape or dtype differ";
+  if (torch::equal(expected, actual)) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "tensors are not bitwise equal";
+}
+
+}  // namespace tc_test

@@ -1,0 +1,46 @@
+// Helpers shared by the tests: a recording backend and comparison against eager.
+#pragma once
+
+#include <torchcompile/torchcompile.h>
+#include <torchcompile/ir/printer.h>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace tc_test {
+
+/// A backend that counts compiles, keeps the graphs it saw (as text) and runs them with the
+/// interpreter: Dynamo's CompileCounter.
+struct CompileCounter {
+  struct State {
+    std::mutex mutex;
+    int frames = 0;
+    std::vector<std::string> graphs;      // to_text of each graph
+    std::vector<std::string> tabulars;    // print_tabular of each graph
+    std::vector<size_t> op_counts;        // call_function nodes per graph
+  };
+  std::shared_ptr<State> state = std::make_shared<State>();
+
+  torchcompile::Backend backend() const;
+  int frames() const { return state->frames; }
+  const std::vector<std::string>& graphs() const { return state->graphs; }
+};
+
+/// Number of call_function nodes in a graph.
+size_t count_calls(const torchcompile::ir::Graph& g);
+/// Number of call_function nodes whose target is `target` (`aten::add.Tensor`).
+size_t count_calls(const torchcompile::ir::Graph& g, const std::string& target);
+
+/// EXPECT that two tensors match (same shape and dtype, allclose with per-dtype tolerances;
+/// exact for integral and bool dtypes).
+::testing::AssertionResult tensors_close(const at::Tensor& expected, const at::Tensor& actual, double rtol = -1,
+                                         double atol = -1);
+/// Bitwise equality (same shape, dtype, and every element identical).
+::testing::AssertionResult tensors_equal(const at::Tensor& expected, const at::Tensor& actual);
+
+}  // namespace tc_test
