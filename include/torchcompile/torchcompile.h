@@ -45,6 +45,8 @@ void add_arg(runtime::CallArgs& ca, const T& v) {
     ca.add(v);
   } else if constexpr (std::is_same_v<D, c10::optional<at::Tensor>>) {
     ca.add(v);
+  } else if constexpr (std::is_same_v<D, c10::nullopt_t>) {
+    ca.add(c10::optional<at::Tensor>());
   } else if constexpr (std::is_same_v<D, bool>) {
     ca.add(static_cast<bool>(v));
   } else if constexpr (std::is_integral_v<D>) {

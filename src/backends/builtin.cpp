@@ -1,1 +1,27 @@
-// placeholder: being written
+// Registration of the built-in backends: one explicit function, called once by the registry
+// (no static constructors in the core library).
+#include "backends/builtin.h"
+
+#include <torchcompile/backends/registry.h>
+
+#ifdef TORCHCOMPILE_HAVE_BACKEND_EAGER
+#include "../../backends/eager/eager_backend.h"
+#endif
+#ifdef TORCHCOMPILE_HAVE_BACKEND_DEBUG
+#include "../../backends/debug/debug_backend.h"
+#endif
+
+namespace torchcompile::detail {
+
+void register_builtin_backends() {
+#ifdef TORCHCOMPILE_HAVE_BACKEND_EAGER
+  register_backend("eager", &backends::eager_backend);
+  // The best built-in available; the oneDNN and C++ code generation backends take over here.
+  register_backend("default", &backends::eager_backend);
+#endif
+#ifdef TORCHCOMPILE_HAVE_BACKEND_DEBUG
+  register_backend("debug", &backends::debug_backend, {"debug"});
+#endif
+}
+
+}  // namespace torchcompile::detail

@@ -64,6 +64,10 @@ class Tracer {
   /// GraphModule. Only valid if !failed().
   std::unique_ptr<ir::GraphModule> finish(const std::vector<at::Tensor>& outputs);
 
+  /// Stop recording: the rest of the forward runs untraced and finish() may not be called.
+  /// The first failure is kept.
+  void fail(std::string reason, std::string op);
+
   // Called by the dispatcher fallback.
   struct Impl;
   Impl& impl() { return *impl_; }

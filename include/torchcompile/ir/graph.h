@@ -219,6 +219,9 @@ class Graph {
 
   /// A name not yet used in this graph, derived from `base` FX-style: `add`, `add_1`, `add_2`.
   std::string unique_name(const std::string& base);
+  /// Give `n` a new name (made unique, as unique_name does); frees its old name. The parser
+  /// uses it to restore the names of a printed graph; returns the name given.
+  std::string rename(Node* n, const std::string& name);
 
   /// Create new nodes before `n` instead of at the end (nullptr: at the end again).
   void set_insert_point(Node* n);

@@ -38,6 +38,8 @@ class GraphModule {
 
   /// Set (or replace) an attribute.
   void set_attribute(const std::string& qualified_name, at::Tensor value, AttributeKind kind);
+  /// Remove an attribute (no get_attr node may still read it).
+  void remove_attribute(const std::string& qualified_name);
   bool has_attribute(const std::string& qualified_name) const;
   /// The attribute's tensor; throws naming the attribute if it does not exist.
   const at::Tensor& attribute(const std::string& qualified_name) const;

@@ -32,9 +32,11 @@ namespace runtime {
 /// One flattened argument of a call: its kind and, for scalars, its value (scalars are
 /// specialized: a different value is a different entry).
 struct ArgItem {
-  enum Kind : uint8_t { Tensor, TensorList, OptionalTensor, Int, Double, Bool };
+  /// A tensor and an optional tensor are one kind (the caller may pass a Tensor to an
+  /// optional parameter); `i` is its presence.
+  enum Kind : uint8_t { Tensor, TensorList, Int, Double, Bool };
   Kind kind;
-  int64_t i = 0;  ///< list length, optional presence (0/1), int or bool value
+  int64_t i = 0;  ///< tensor presence (0/1), list length, int or bool value
   double d = 0;   ///< double value
   bool operator==(const ArgItem& o) const;
 };
@@ -99,7 +101,7 @@ class CompiledFunction {
 
   /// Start tracing this call on the current thread; the caller then runs the forward and
   /// hands its flattened outputs to finish_trace().
-  std::unique_ptr<TraceSession> begin_trace(const CallArgs& args);
+  std::shared_ptr<TraceSession> begin_trace(const CallArgs& args);
   /// Build the graph, compile it with the backend and insert the entry. Never throws for
   /// expected events (a host read, a failing backend): those insert an eager entry and warn
   /// once, unless `fullgraph` asks for an error.

@@ -1,0 +1,244 @@
+// The backend registry: registration rules, listing with tags, lookup errors, the composable
+// fallback chain. Tests share one process-wide registry, so each registers its own names.
+#include "support/test_util.h"
+
+#include <torchcompile/backends/registry.h>
+#include <torchcompile/ir/graph.h>
+#include <torchcompile/ir/graph_module.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using ::testing::HasSubstr;
+using torchcompile::Backend;
+using torchcompile::CompiledFn;
+using torchcompile::GraphModule;
+
+// The message of the c10::Error `f` throws ("" if it throws none).
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
+// Sets (or unsets) an environment variable for the lifetime of the object.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (old_) setenv(name_, old_->c_str(), 1);
+    else unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// x -> cos(x), by hand.
+std::unique_ptr<GraphModule> cos_graph(const at::Tensor& example) {
+  auto gm = std::make_unique<GraphModule>();
+  auto& g = gm->graph();
+  auto x = g.placeholder("x", torchcompile::ir::TensorMeta::of(example));
+  auto* cos = g.call_function(torchcompile::ir::find_op("aten::cos"), {x},
+                              {torchcompile::ir::TensorMeta::of(example.cos())});
+  g.output({cos->output()});
+  return gm;
+}
+
+// A backend that runs the graph and counts how often it compiled.
+Backend counting_backend(std::shared_ptr<std::atomic<int>> count) {
+  return [count](GraphModule& gm, const std::vector<at::Tensor>&) -> CompiledFn {
+    ++*count;
+    return [&gm](std::vector<at::Tensor> in) { return gm.forward(std::move(in)); };
+  };
+}
+
+bool contains(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+}  // namespace
+
+TEST(Registry, BuiltinsAreRegistered) {
+  EXPECT_TRUE(torchcompile::has_backend("eager"));
+  EXPECT_TRUE(contains(torchcompile::list_backends(), "eager"));
+  EXPECT_TRUE(contains(torchcompile::list_backends(/*exclude_tags=*/{}), "debug"));
+}
+
+TEST(Registry, RegisterAndHasBackend) {
+  auto count = std::make_shared<std::atomic<int>>(0);
+  EXPECT_FALSE(torchcompile::has_backend("reg_test_simple"));
+  torchcompile::register_backend("reg_test_simple", counting_backend(count));
+  EXPECT_TRUE(torchcompile::has_backend("reg_test_simple"));
+  EXPECT_FALSE(torchcompile::has_backend("reg_test_simple_not_registered"));
+
+  auto x = torch::randn({4});
+  auto gm = cos_graph(x);
+  CompiledFn fn = torchcompile::lookup_backend("reg_test_simple")(*gm, {x});
+  ASSERT_TRUE(fn);
+  EXPECT_EQ(count->load(), 1);
+  auto out = fn({x});
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(tc_test::tensors_close(x.cos(), out[0]));
+}
+
+TEST(Registry, DuplicateNameIsRejected) {
+  auto count = std::make_shared<std::atomic<int>>(0);
+  torchcompile::register_backend("reg_test_dup", counting_backend(count));
+  std::string msg = error_of([&] { torchcompile::register_backend("reg_test_dup", counting_backend(count)); });
+  EXPECT_THAT(msg, HasSubstr("backend 'reg_test_dup' is already registered"));
+
+  msg = error_of([&] { torchcompile::register_backend("eager", counting_backend(count)); });
+  EXPECT_THAT(msg, HasSubstr("backend 'eager' is already registered (built-in)"));
+}
+
+TEST(Registry, EmptyNameOrFunctionIsRejected) {
+  auto count = std::make_shared<std::atomic<int>>(0);
+  EXPECT_THAT(error_of([&] { torchcompile::register_backend("", counting_backend(count)); }),
+              HasSubstr("backend name must not be empty"));
+  EXPECT_THAT(error_of([&] { torchcompile::register_backend("reg_test_empty_fn", Backend()); }),
+              HasSubstr("backend function for 'reg_test_empty_fn' is empty"));
+  EXPECT_FALSE(torchcompile::has_backend("reg_test_empty_fn"));
+}
+
+TEST(Registry, ListIsSortedAndFiltersTags) {
+  auto count = std::make_shared<std::atomic<int>>(0);
+  torchcompile::register_backend("reg_test_list_zz", counting_backend(count));
+  torchcompile::register_backend("reg_test_list_aa", counting_backend(count));
+  torchcompile::register_backend("reg_test_list_dbg", counting_backend(count), {"debug"});
+  torchcompile::register_backend("reg_test_list_exp", counting_backend(count), {"slow", "experimental"});
+  torchcompile::register_backend("reg_test_list_custom", counting_backend(count), {"custom"});
+
+  auto names = torchcompile::list_backends();
+  EXPECT_TRUE(std::is_sorted(names.begin(), names.end()));
+  EXPECT_TRUE(contains(names, "reg_test_list_aa"));
+  EXPECT_TRUE(contains(names, "reg_test_list_zz"));
+  EXPECT_TRUE(contains(names, "reg_test_list_custom"));
+  EXPECT_FALSE(contains(names, "reg_test_list_dbg"));  // default excludes debug and experimental
+  EXPECT_FALSE(contains(names, "reg_test_list_exp"));
+
+  auto all = torchcompile::list_backends(/*exclude_tags=*/{});
+  EXPECT_TRUE(std::is_sorted(all.begin(), all.end()));
+  for (const char* n : {"reg_test_list_aa", "reg_test_list_zz", "reg_test_list_dbg", "reg_test_list_exp",
+                        "reg_test_list_custom"})
+    EXPECT_TRUE(contains(all, n)) << n;
+
+  auto no_custom = torchcompile::list_backends(/*exclude_tags=*/{"custom"});
+  EXPECT_FALSE(contains(no_custom, "reg_test_list_custom"));
+  EXPECT_TRUE(contains(no_custom, "reg_test_list_dbg"));
+  EXPECT_TRUE(contains(no_custom, "reg_test_list_aa"));
+}
+
+TEST(Registry, LookupUnknownListsKnownBackends) {
+  auto count = std::make_shared<std::atomic<int>>(0);
+  torchcompile::register_backend("reg_test_known", counting_backend(count));
+  {
+    ScopedEnv env("TORCHCOMPILE_BACKEND_PATH", nullptr);
+    std::string msg = error_of([] { torchcompile::lookup_backend("reg_test_no_such_backend"); });
+    EXPECT_THAT(msg, HasSubstr("unknown backend 'reg_test_no_such_backend'; known backends: "));
+    EXPECT_THAT(msg, HasSubstr("eager"));
+    EXPECT_THAT(msg, HasSubstr("reg_test_known"));
+    EXPECT_THAT(msg, HasSubstr("TORCHCOMPILE_BACKEND_PATH is not set"));
+  }
+  {
+    ScopedEnv env("TORCHCOMPILE_BACKEND_PATH", "/nonexistent/a:/nonexistent/b");
+    std::string msg = error_of([] { torchcompile::lookup_backend("reg_test_no_such_backend"); });
+    EXPECT_THAT(msg, HasSubstr("unknown backend 'reg_test_no_such_backend'"));
+    EXPECT_THAT(msg, HasSubstr("(searched TORCHCOMPILE_BACKEND_PATH: /nonexistent/a:/nonexistent/b)"));
+  }
+  EXPECT_FALSE(torchcompile::has_backend("reg_test_no_such_backend"));
+}
+
+TEST(Registry, FallbackChainSkipsThrowingAndDecliningBackends) {
+  std::vector<std::string> tried;
+  torchcompile::register_backend("reg_test_fc_throws", [&](GraphModule&, const std::vector<at::Tensor>&) -> CompiledFn {
+    tried.push_back("throws");
+    throw std::runtime_error("cannot compile this");
+  });
+  torchcompile::register_backend("reg_test_fc_declines", [&](GraphModule&, const std::vector<at::Tensor>&) -> CompiledFn {
+    tried.push_back("declines");
+    return {};
+  });
+  auto count = std::make_shared<std::atomic<int>>(0);
+  torchcompile::register_backend("reg_test_fc_works", counting_backend(count));
+
+  auto x = torch::randn({3, 2});
+  auto gm = cos_graph(x);
+  Backend chain = torchcompile::fallback_chain({"reg_test_fc_throws", "reg_test_fc_declines", "reg_test_fc_works"});
+  CompiledFn fn = chain(*gm, {x});
+  ASSERT_TRUE(fn);
+  EXPECT_EQ(tried, (std::vector<std::string>{"throws", "declines"}));
+  EXPECT_EQ(count->load(), 1);
+  auto out = fn({x});
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(tc_test::tensors_close(x.cos(), out[0]));
+}
+
+TEST(Registry, FallbackChainEndsInInterpreter) {
+  int throws = 0, declines = 0;
+  torchcompile::register_backend("reg_test_fc2_throws", [&](GraphModule&, const std::vector<at::Tensor>&) -> CompiledFn {
+    ++throws;
+    TORCH_CHECK(false, "this backend always fails");
+  });
+  torchcompile::register_backend("reg_test_fc2_declines", [&](GraphModule&, const std::vector<at::Tensor>&) -> CompiledFn {
+    ++declines;
+    return {};
+  });
+
+  auto x = torch::randn({5});
+  auto gm = cos_graph(x);
+  // An unknown name in the chain is just another failing backend.
+  Backend chain = torchcompile::fallback_chain({"reg_test_fc2_throws", "reg_test_fc_no_such", "reg_test_fc2_declines"});
+  CompiledFn fn = chain(*gm, {x});
+  ASSERT_TRUE(fn);
+  EXPECT_EQ(throws, 1);
+  EXPECT_EQ(declines, 1);
+  auto out = fn({x});
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(tc_test::tensors_close(x.cos(), out[0]));
+
+  // An empty chain runs the graph with the interpreter too.
+  CompiledFn plain = torchcompile::fallback_chain({})(*gm, {x});
+  ASSERT_TRUE(plain);
+  EXPECT_TRUE(tc_test::tensors_close(x.cos(), plain({x}).at(0)));
+}
+
+TEST(Registry, ConcurrentRegistrationAndLookup) {
+  constexpr int kThreads = 4, kPerThread = 25;
+  auto count = std::make_shared<std::atomic<int>>(0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([t, count] {
+      for (int i = 0; i < kPerThread; ++i) {
+        const std::string name = "reg_test_mt_" + std::to_string(t) + "_" + std::to_string(i);
+        torchcompile::register_backend(name, counting_backend(count));
+        EXPECT_TRUE(torchcompile::has_backend(name));
+        EXPECT_TRUE(torchcompile::lookup_backend(name));
+        EXPECT_TRUE(contains(torchcompile::list_backends(), name));
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  auto names = torchcompile::list_backends();
+  int registered = 0;
+  for (const auto& n : names) registered += n.rfind("reg_test_mt_", 0) == 0;
+  EXPECT_EQ(registered, kThreads * kPerThread);
+}

@@ -1,0 +1,251 @@
+// Per-call overhead of torch::compile's `eager` backend (cache lookup + guards + graph replay
+// by the interpreter) against plain eager LibTorch.
+//
+// Models (see /work/shared/targets.md): M8, 50 chained tiny ops on (8, 8), where the per-op
+// cost of the replay dominates; M1, the MLP on (64, 784), where the GEMMs dominate; and
+// OneOp, a single x + 1 on (8, 8), which shows the fixed cost of one compiled call.
+//
+// Each *_Compiled benchmark interleaves, in every iteration, one untimed-by-the-framework eager
+// call with the timed compiled call (alternating which goes first), and times both with
+// std::chrono. The reported Time is the compiled call alone (manual time); the counters compare
+// the two medians from the same iterations of the same run, so load changes on a shared machine
+// hit both alike:
+//   eager_us, compiled_us   median per-call times
+//   ratio_vs_eager          compiled_us / eager_us
+//   overhead_us_per_call    compiled_us - eager_us
+// The CPU column of *_Compiled includes the interleaved eager calls; read Time instead.
+//
+// Run with glibc malloc tuned (scripts/bench.sh sets MALLOC_MMAP_THRESHOLD_ and
+// MALLOC_TRIM_THRESHOLD_).
+#include <benchmark/benchmark.h>
+#include <torch/torch.h>
+#include <torchcompile/torchcompile.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// ---- models ----------------------------------------------------------------------------------
+
+// M1: Linear(784,512)-ReLU-Linear(512,512)-ReLU-Linear(512,10).
+struct MlpImpl : torch::nn::Module {
+  MlpImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(784, 512))),
+        fc2(register_module("fc2", torch::nn::Linear(512, 512))),
+        fc3(register_module("fc3", torch::nn::Linear(512, 10))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::relu(fc1(x));
+    x = torch::relu(fc2(x));
+    return fc3(x);
+  }
+  torch::nn::Linear fc1, fc2, fc3;
+};
+TORCH_MODULE(Mlp);
+
+// M8: 50 chained tiny ops cycling x+0.5, x*0.9, relu, sin.
+torch::Tensor chain50(torch::Tensor x) {
+  for (int i = 0; i < 50; ++i) {
+    switch (i % 4) {
+      case 0: x = x + 0.5; break;
+      case 1: x = x * 0.9; break;
+      case 2: x = torch::relu(x); break;
+      default: x = torch::sin(x); break;
+    }
+  }
+  return x;
+}
+
+torch::Tensor one_op(torch::Tensor x) { return x + 1; }
+
+// A model: its eager callable, its compiled callable (backend "eager") and its input. Built
+// once per process; the first compiled call (the trace) happens in the constructor.
+struct Case {
+  std::function<torch::Tensor(const torch::Tensor&)> eager;
+  std::function<torch::Tensor(const torch::Tensor&)> compiled;
+  torch::Tensor input;
+  std::string error;  // non-empty if the compiled result differs from eager
+
+  void check() {
+    torch::NoGradGuard no_grad;
+    torch::Tensor want = eager(input);
+    torch::Tensor first = compiled(input);   // traces
+    torch::Tensor second = compiled(input);  // cache hit
+    if (!torch::allclose(first, want) || !torch::allclose(second, want))
+      error = "compiled result differs from eager";
+  }
+};
+
+Case& m1() {
+  static Case c = [] {
+    torch::manual_seed(0);
+    torch::NoGradGuard no_grad;
+    Mlp net;
+    net->eval();
+    auto fast = std::make_shared<decltype(torch::compile(net, "eager"))>(torch::compile(net, "eager"));
+    Case k{[net](const torch::Tensor& x) mutable { return net(x); },
+           [fast](const torch::Tensor& x) { return (*fast)(x); }, torch::randn({64, 784}), {}};
+    k.check();
+    return k;
+  }();
+  return c;
+}
+
+Case& m8() {
+  static Case c = [] {
+    torch::manual_seed(0);
+    auto fast = std::make_shared<decltype(torch::compile(chain50, "eager"))>(torch::compile(chain50, "eager"));
+    Case k{[](const torch::Tensor& x) { return chain50(x); }, [fast](const torch::Tensor& x) { return (*fast)(x); },
+           torch::randn({8, 8}), {}};
+    k.check();
+    return k;
+  }();
+  return c;
+}
+
+Case& oneop() {
+  static Case c = [] {
+    torch::manual_seed(0);
+    auto fast = std::make_shared<decltype(torch::compile(one_op, "eager"))>(torch::compile(one_op, "eager"));
+    Case k{[](const torch::Tensor& x) { return one_op(x); }, [fast](const torch::Tensor& x) { return (*fast)(x); },
+           torch::randn({8, 8}), {}};
+    k.check();
+    return k;
+  }();
+  return c;
+}
+
+// ---- measurement -----------------------------------------------------------------------------
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  const size_t mid = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + mid, v.end());
+  return v[mid];
+}
+
+template <typename F>
+double time_call_s(F& f, const torch::Tensor& x) {
+  const auto t0 = Clock::now();
+  torch::Tensor y = f(x);
+  benchmark::DoNotOptimize(y);
+  const auto t1 = Clock::now();
+  return std::chrono::duration<double>(t1 - t0).count();
+}
+
+// The last measurement of each model, for the summary printed after the run.
+struct Summary {
+  double eager_us = 0, compiled_us = 0;
+  int64_t iterations = 0;
+};
+std::map<std::string, Summary>& summaries() {
+  static std::map<std::string, Summary> s;
+  return s;
+}
+
+constexpr int kWarmup = 10;
+
+void run_eager(benchmark::State& state, Case& (*get)()) {
+  torch::NoGradGuard no_grad;
+  Case& c = get();
+  for (int i = 0; i < kWarmup; ++i) benchmark::DoNotOptimize(c.eager(c.input));
+  std::vector<double> times;
+  times.reserve(static_cast<size_t>(state.max_iterations));
+  for (auto _ : state) {
+    const double t = time_call_s(c.eager, c.input);
+    state.SetIterationTime(t);
+    times.push_back(t);
+  }
+  state.counters["median_us"] = median(times) * 1e6;
+}
+
+void run_compiled(benchmark::State& state, Case& (*get)(), const char* model) {
+  torch::NoGradGuard no_grad;
+  Case& c = get();
+  if (!c.error.empty()) {
+    state.SkipWithError(c.error.c_str());
+    for (auto _ : state) {
+    }
+    return;
+  }
+  for (int i = 0; i < kWarmup; ++i) {
+    benchmark::DoNotOptimize(c.eager(c.input));
+    benchmark::DoNotOptimize(c.compiled(c.input));
+  }
+  std::vector<double> eager_times, compiled_times;
+  eager_times.reserve(static_cast<size_t>(state.max_iterations));
+  compiled_times.reserve(static_cast<size_t>(state.max_iterations));
+  bool eager_first = true;
+  for (auto _ : state) {
+    double te, tc;
+    if (eager_first) {
+      te = time_call_s(c.eager, c.input);
+      tc = time_call_s(c.compiled, c.input);
+    } else {
+      tc = time_call_s(c.compiled, c.input);
+      te = time_call_s(c.eager, c.input);
+    }
+    eager_first = !eager_first;
+    state.SetIterationTime(tc);
+    eager_times.push_back(te);
+    compiled_times.push_back(tc);
+  }
+  const double eager_us = median(eager_times) * 1e6;
+  const double compiled_us = median(compiled_times) * 1e6;
+  state.counters["eager_us"] = eager_us;
+  state.counters["compiled_us"] = compiled_us;
+  state.counters["ratio_vs_eager"] = eager_us > 0 ? compiled_us / eager_us : 0;
+  state.counters["overhead_us_per_call"] = compiled_us - eager_us;
+  summaries()[model] = Summary{eager_us, compiled_us, static_cast<int64_t>(state.iterations())};
+}
+
+void BM_M8_Chain50_Eager(benchmark::State& s) { run_eager(s, m8); }
+void BM_M8_Chain50_Compiled(benchmark::State& s) { run_compiled(s, m8, "M8 chain50 (8,8)"); }
+void BM_M1_MLP_Eager(benchmark::State& s) { run_eager(s, m1); }
+void BM_M1_MLP_Compiled(benchmark::State& s) { run_compiled(s, m1, "M1 MLP (64,784)"); }
+void BM_OneOp_Eager(benchmark::State& s) { run_eager(s, oneop); }
+void BM_OneOp_Compiled(benchmark::State& s) { run_compiled(s, oneop, "OneOp x+1 (8,8)"); }
+
+BENCHMARK(BM_M8_Chain50_Eager)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_M8_Chain50_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_M1_MLP_Eager)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_M1_MLP_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_OneOp_Eager)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_OneOp_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+std::string env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v ? v : fallback;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  torch::set_num_threads(2);
+  benchmark::AddCustomContext("torch_num_threads", std::to_string(torch::get_num_threads()));
+  benchmark::AddCustomContext("MALLOC_MMAP_THRESHOLD_", env_or("MALLOC_MMAP_THRESHOLD_", "(glibc default)"));
+  benchmark::AddCustomContext("MALLOC_TRIM_THRESHOLD_", env_or("MALLOC_TRIM_THRESHOLD_", "(glibc default)"));
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+
+  if (!summaries().empty()) {
+    std::printf("\nSummary (medians of interleaved calls in the same run; backend \"eager\" = graph replay)\n");
+    std::printf("%-20s %12s %14s %10s %22s %10s\n", "model", "eager_us", "compiled_us", "ratio", "overhead_us_per_call",
+                "calls");
+    for (const auto& [model, s] : summaries())
+      std::printf("%-20s %12.3f %14.3f %10.3f %22.3f %10lld\n", model.c_str(), s.eager_us, s.compiled_us,
+                  s.eager_us > 0 ? s.compiled_us / s.eager_us : 0.0, s.compiled_us - s.eager_us,
+                  static_cast<long long>(s.iterations));
+  }
+  return 0;
+}

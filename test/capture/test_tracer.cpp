@@ -1,0 +1,181 @@
+// The tracer records what the forward calls, at the level the C++ frontend calls it.
+#include "support/test_util.h"
+
+#include <torchcompile/capture/tracer.h>
+#include <torchcompile/compat.h>
+#include <torchcompile/ir/interpreter.h>
+#include <torchcompile/ir/passes.h>
+
+#include <thread>
+
+using torchcompile::capture::Tracer;
+using torchcompile::ir::GraphModule;
+using torchcompile::ir::NodeKind;
+using tc_test::count_calls;
+using tc_test::tensors_equal;
+
+namespace {
+
+// Trace `fn(inputs...)` and return the graph module (asserting the trace did not fail).
+template <typename F>
+std::unique_ptr<GraphModule> trace(F fn, std::vector<torch::Tensor> inputs, std::vector<torch::Tensor>* outs = nullptr) {
+  Tracer t;
+  for (size_t i = 0; i < inputs.size(); ++i) t.add_input(inputs[i], "in" + std::to_string(i));
+  std::vector<torch::Tensor> result;
+  {
+    Tracer::Activation active(t);
+    result = fn(inputs);
+  }
+  EXPECT_FALSE(t.failed()) << t.failure()->reason;
+  if (outs) *outs = result;
+  return t.finish(result);
+}
+
+std::vector<std::string> call_targets(const GraphModule& gm) {
+  std::vector<std::string> r;
+  for (const auto& n : gm.graph().nodes())
+    if (n->kind() == NodeKind::CallFunction) r.push_back(n->target());
+  return r;
+}
+
+TEST(Tracer, KeyIsFreeAndAboveAutograd) {
+  // The tracing key must be a functionality key above Autograd, so the graph holds the ops the
+  // forward called (not their autograd decompositions) and replay builds autograd graphs.
+  using c10::DispatchKey;
+  EXPECT_GT(static_cast<int>(torchcompile::compat::kTracingKey), static_cast<int>(DispatchKey::AutogradOther));
+  EXPECT_GT(static_cast<int>(torchcompile::compat::kTracingKey), static_cast<int>(DispatchKey::AutocastCPU));
+  torchcompile::capture::register_tracing_fallback();
+  torchcompile::capture::register_tracing_fallback();  // idempotent
+}
+
+TEST(Tracer, RecordsTopLevelOpsOnlyAndComputesRealResults) {
+  std::vector<torch::Tensor> outs;
+  auto x = torch::randn({4, 5});
+  auto gm = trace([](auto in) { return std::vector<torch::Tensor>{torch::softmax(in[0].cos() + 1, 1)}; }, {x}, &outs);
+  EXPECT_THAT(call_targets(*gm), ::testing::ElementsAre("aten::cos", "aten::add.Scalar", "aten::softmax.int"));
+  EXPECT_TRUE(tensors_equal(torch::softmax(x.cos() + 1, 1), outs[0]));
+  EXPECT_TRUE(tensors_equal(outs[0], gm->forward({x})[0]));
+}
+
+TEST(Tracer, InPlaceAndViewOpsAreRecordedFaithfully) {
+  auto fn = [](std::vector<torch::Tensor> in) {
+    auto v = in[0].view({-1});
+    v.add_(1);
+    in[0].mul_(2);
+    return std::vector<torch::Tensor>{in[0].sum(0)};
+  };
+  auto x = torch::randn({2, 3});
+  auto x_traced = x.clone();
+  auto gm = trace(fn, {x_traced});
+  EXPECT_THAT(call_targets(*gm), ::testing::ElementsAre("aten::view", "aten::add_.Scalar", "aten::mul_.Scalar", "aten::sum.dim_IntList"));
+  auto x_replay = x.clone();
+  auto out = gm->forward({x_replay})[0];
+  EXPECT_TRUE(tensors_equal((x + 1) * 2, x_replay)) << "replay mutates the input as eager does";
+  EXPECT_TRUE(tensors_equal(((x + 1) * 2).sum(0), out));
+  torchcompile::ir::lint(gm->graph());
+}
+
+TEST(Tracer, MultiOutputTensorListOptionalAndFactoryOps) {
+  auto fn = [](std::vector<torch::Tensor> in) {
+    auto [vals, idx] = in[0].max(1);
+    auto parts = in[0].split(2, 0);  // Tensor[] output
+    auto z = torch::zeros({3}, torch::kFloat64);  // factory op: no tensor inputs
+    auto ln = torch::layer_norm(in[0], {3}, c10::nullopt, in[1]);  // optional tensors, one None
+    auto cat = torch::cat({parts[1], parts[0]}, 0);  // Tensor[] argument
+    return std::vector<torch::Tensor>{vals, idx, z, ln, cat};
+  };
+  auto x = torch::randn({4, 3}), b = torch::randn({3});
+  std::vector<torch::Tensor> outs;
+  auto gm = trace(fn, {x, b}, &outs);
+  auto targets = call_targets(*gm);
+  EXPECT_THAT(targets, ::testing::Contains("aten::max.dim"));
+  EXPECT_THAT(targets, ::testing::Contains("aten::split.Tensor"));
+  EXPECT_THAT(targets, ::testing::Contains("aten::zeros"));
+  EXPECT_THAT(targets, ::testing::Contains("aten::layer_norm"));
+  EXPECT_THAT(targets, ::testing::Contains("aten::cat"));
+  auto replay = gm->forward({x, b});
+  ASSERT_EQ(replay.size(), outs.size());
+  for (size_t i = 0; i < outs.size(); ++i) EXPECT_TRUE(tensors_equal(outs[i], replay[i])) << "output " << i;
+}
+
+TEST(Tracer, ParametersBecomeGetAttrAndOtherTensorsConstants) {
+  auto w = torch::randn({3}), other = torch::randn({3});
+  Tracer t;
+  auto x = torch::randn({3});
+  t.add_input(x, "x");
+  t.add_attribute("layer.weight", w, torchcompile::ir::AttributeKind::Parameter);
+  torch::Tensor y;
+  {
+    Tracer::Activation a(t);
+    y = x * w + other;
+  }
+  auto gm = t.finish({y});
+  ASSERT_TRUE(gm->has_attribute("layer.weight"));
+  EXPECT_TRUE(gm->attribute("layer.weight").is_same(w)) << "parameters are shared, not copied";
+  EXPECT_EQ(gm->attribute_kind("_tensor_constant0"), torchcompile::ir::AttributeKind::Constant);
+  w.mul_(10);  // read live
+  EXPECT_TRUE(tensors_equal(x * w + other, gm->forward({x})[0]));
+}
+
+TEST(Tracer, DataDependentHostReadFailsTheTrace) {
+  Tracer t;
+  auto x = torch::randn({3});
+  t.add_input(x, "x");
+  {
+    Tracer::Activation a(t);
+    auto s = x.sum();
+    if (s.item<float>() > 0) x = x + 1;
+    (void)x.size(0);  // metadata reads are fine
+  }
+  ASSERT_TRUE(t.failed());
+  EXPECT_THAT(t.failure()->reason, ::testing::HasSubstr("aten::item"));
+  EXPECT_EQ(t.failure()->op, "aten::item");
+}
+
+TEST(Tracer, MetadataQueriesDoNotFail) {
+  auto gm = trace([](auto in) {
+    auto n = in[0].size(0) + in[0].dim() + in[0].numel();
+    (void)in[0].is_same_size(in[0]);
+    return std::vector<torch::Tensor>{in[0] * static_cast<double>(n)};
+  }, {torch::randn({2, 2})});
+  EXPECT_EQ(count_calls(gm->graph()), 1u);
+}
+
+TEST(Tracer, OtherThreadsAreNotTraced) {
+  Tracer t;
+  auto x = torch::randn({3});
+  t.add_input(x, "x");
+  torch::Tensor y;
+  {
+    Tracer::Activation a(t);
+    std::thread other([] { (void)(torch::ones({2}) * 5).sum(); });
+    other.join();
+    y = x.neg();
+  }
+  auto gm = t.finish({y});
+  EXPECT_THAT(call_targets(*gm), ::testing::ElementsAre("aten::neg"));
+}
+
+TEST(Tracer, DataSharedOutsideTheDispatcherFailsTheTrace) {
+  Tracer t;
+  auto x = torch::randn({3});
+  t.add_input(x, "x");
+  {
+    Tracer::Activation a(t);
+    auto alias = torch::from_blob(x.data_ptr<float>(), {3});  // not produced by an op
+    (void)(alias + 1);
+  }
+  ASSERT_TRUE(t.failed());
+  EXPECT_THAT(t.failure()->reason, ::testing::HasSubstr("sharing memory"));
+}
+
+TEST(Tracer, DeadCodeIsRemovedButRandomnessIsKept) {
+  auto gm = trace([](auto in) {
+    (void)in[0].exp();                  // dead and pure: removed
+    (void)torch::dropout(in[0], 0.5, true);  // dead but draws random numbers: kept
+    return std::vector<torch::Tensor>{in[0].sin()};
+  }, {torch::randn({8})});
+  EXPECT_THAT(call_targets(*gm), ::testing::ElementsAre("aten::dropout", "aten::sin"));
+}
+
+}  // namespace

@@ -1,0 +1,38 @@
+# Driver of the install test (cmake -P). Variables: BUILD_DIR, PREFIX, CONSUMER_SOURCE_DIR,
+# CONSUMER_BINARY_DIR, GENERATOR, BUILD_TYPE, CXX_COMPILER, COMPILER_LAUNCHER, Torch_DIR.
+cmake_minimum_required(VERSION 3.18)
+
+function(run step)
+  message(STATUS "install test: ${step}: ${ARGN}")
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "install test: ${step} failed (${rc})")
+  endif()
+endfunction()
+
+if(NOT BUILD_TYPE)
+  set(BUILD_TYPE RelWithDebInfo)
+endif()
+
+# A fresh prefix and consumer build each time, so nothing stale is picked up.
+file(REMOVE_RECURSE "${PREFIX}" "${CONSUMER_BINARY_DIR}")
+
+run(install "${CMAKE_COMMAND}" --install "${BUILD_DIR}" --prefix "${PREFIX}" --config "${BUILD_TYPE}")
+
+set(configure_args
+  -S "${CONSUMER_SOURCE_DIR}" -B "${CONSUMER_BINARY_DIR}"
+  -G "${GENERATOR}"
+  "-DCMAKE_BUILD_TYPE=${BUILD_TYPE}"
+  "-DCMAKE_PREFIX_PATH=${PREFIX}")
+if(CXX_COMPILER)
+  list(APPEND configure_args "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}")
+endif()
+if(COMPILER_LAUNCHER)
+  list(APPEND configure_args "-DCMAKE_CXX_COMPILER_LAUNCHER=${COMPILER_LAUNCHER}")
+endif()
+if(Torch_DIR)
+  list(APPEND configure_args "-DTorch_DIR=${Torch_DIR}")
+endif()
+run(configure "${CMAKE_COMMAND}" ${configure_args})
+run(build "${CMAKE_COMMAND}" --build "${CONSUMER_BINARY_DIR}" --config "${BUILD_TYPE}")
+run(run "${CONSUMER_BINARY_DIR}/consumer")
