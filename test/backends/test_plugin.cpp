@@ -19,46 +19,13 @@
 
 namespace {
 
+using tc_test::error_of;
+using tc_test::ScopedEnv;
+using tc_test::cos_graph;
+
 using ::testing::HasSubstr;
 using torchcompile::CompiledFn;
 using torchcompile::GraphModule;
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
-
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old_) setenv(name_, old_->c_str(), 1);
-    else unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
-
-// x -> cos(x), by hand: three nodes.
-std::unique_ptr<GraphModule> cos_graph(const at::Tensor& example) {
-  auto gm = std::make_unique<GraphModule>();
-  auto& g = gm->graph();
-  auto x = g.placeholder("x", torchcompile::ir::TensorMeta::of(example));
-  auto* cos = g.call_function(torchcompile::ir::find_op("aten::cos"), {x},
-                              {torchcompile::ir::TensorMeta::of(example.cos())});
-  g.output({cos->output()});
-  return gm;
-}
 
 std::string dir_of(const std::string& path) { return std::filesystem::path(path).parent_path().string(); }
 

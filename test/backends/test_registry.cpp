@@ -18,50 +18,14 @@
 
 namespace {
 
+using tc_test::error_of;
+using tc_test::ScopedEnv;
+using tc_test::cos_graph;
+
 using ::testing::HasSubstr;
 using torchcompile::Backend;
 using torchcompile::CompiledFn;
 using torchcompile::GraphModule;
-
-// The message of the c10::Error `f` throws ("" if it throws none).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
-
-// Sets (or unsets) an environment variable for the lifetime of the object.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value) setenv(name, value, 1);
-    else unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (old_) setenv(name_, old_->c_str(), 1);
-    else unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
-
-// x -> cos(x), by hand.
-std::unique_ptr<GraphModule> cos_graph(const at::Tensor& example) {
-  auto gm = std::make_unique<GraphModule>();
-  auto& g = gm->graph();
-  auto x = g.placeholder("x", torchcompile::ir::TensorMeta::of(example));
-  auto* cos = g.call_function(torchcompile::ir::find_op("aten::cos"), {x},
-                              {torchcompile::ir::TensorMeta::of(example.cos())});
-  g.output({cos->output()});
-  return gm;
-}
 
 // A backend that runs the graph and counts how often it compiled.
 Backend counting_backend(std::shared_ptr<std::atomic<int>> count) {

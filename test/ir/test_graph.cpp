@@ -1,4 +1,5 @@
 // Graph, Node, Value and Argument: factories, naming, input checks and use lists.
+#include "support/test_util.h"
 #include <torchcompile/ir/graph.h>
 #include <torchcompile/ir/passes.h>
 
@@ -9,20 +10,11 @@
 
 namespace {
 
+using tc_test::error_of;
+
 using namespace torchcompile::ir;
 using tc_test::meta;
 using ::testing::HasSubstr;
-
-// The message of the c10::Error thrown by f, or "" when nothing is thrown.
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
 
 TEST(IrGraph, FindOpAndTargetNames) {
   EXPECT_EQ(op_target_name(find_op("aten::add.Tensor")), "aten::add.Tensor");

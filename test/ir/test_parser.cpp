@@ -1,4 +1,5 @@
 // parse_graph(): round trips text -> graph -> text, typed constants, and error messages.
+#include "support/test_util.h"
 #include <torchcompile/ir/parser.h>
 #include <torchcompile/ir/passes.h>
 #include <torchcompile/ir/printer.h>
@@ -10,19 +11,11 @@
 
 namespace {
 
+using tc_test::error_of;
+
 using namespace torchcompile::ir;
 using tc_test::meta;
 using ::testing::HasSubstr;
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
 
 // Parses `text`, lints the result, and checks that it prints back as `text`.
 std::unique_ptr<Graph> round_trip(const std::string& text) {

@@ -1,4 +1,5 @@
 // lint() and eliminate_dead_code().
+#include "support/test_util.h"
 #include <torchcompile/ir/parser.h>
 #include <torchcompile/ir/passes.h>
 #include <torchcompile/ir/printer.h>
@@ -10,19 +11,11 @@
 
 namespace {
 
+using tc_test::error_of;
+
 using namespace torchcompile::ir;
 using tc_test::meta;
 using ::testing::HasSubstr;
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
 
 std::vector<std::string> names(const Graph& g) {
   std::vector<std::string> out;

@@ -60,4 +60,30 @@ size_t count_calls(const torchcompile::ir::Graph& g, const std::string& target) 
   return ::testing::AssertionFailure() << "tensors are not bitwise equal";
 }
 
+ScopedEnv::ScopedEnv(const char* name, const char* value) : name_(name) {
+  if (const char* old = std::getenv(name)) old_ = old;
+  if (value) {
+    setenv(name, value, 1);
+  } else {
+    unsetenv(name);
+  }
+}
+
+ScopedEnv::~ScopedEnv() {
+  if (old_) {
+    setenv(name_, old_->c_str(), 1);
+  } else {
+    unsetenv(name_);
+  }
+}
+
+std::unique_ptr<torchcompile::GraphModule> cos_graph(const at::Tensor& example) {
+  auto gm = std::make_unique<torchcompile::GraphModule>();
+  auto& g = gm->graph();
+  auto x = g.placeholder("x", torchcompile::ir::TensorMeta::of(example));
+  auto* cos = g.call_function(torchcompile::ir::find_op("aten::cos"), {x}, {torchcompile::ir::TensorMeta::of(example.cos())});
+  g.output({cos->output()});
+  return gm;
+}
+
 }  // namespace tc_test

@@ -7,8 +7,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,5 +44,33 @@ size_t count_calls(const torchcompile::ir::Graph& g, const std::string& target);
                                          double atol = -1);
 /// Bitwise equality (same shape, dtype, and every element identical).
 ::testing::AssertionResult tensors_equal(const at::Tensor& expected, const at::Tensor& actual);
+
+/// The message of the c10::Error `f` throws (without backtrace), or "" if it does not throw.
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
+/// Sets (or, with nullptr, unsets) an environment variable for the lifetime of the object.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value);
+  ScopedEnv(const char* name, const std::string& value) : ScopedEnv(name, value.c_str()) {}
+  ~ScopedEnv();
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+/// x -> cos(x), built by hand: placeholder, call_function, output.
+std::unique_ptr<torchcompile::GraphModule> cos_graph(const at::Tensor& example);
 
 }  // namespace tc_test
