@@ -113,8 +113,12 @@ struct Tracer::Impl {
     if (auto it = values.find(impl); it != values.end()) return it->second;
     ir::Graph& g = gm->graph();
     if (auto it = attributes.find(impl); it != attributes.end()) {
-      ir::Value v = g.get_attr(it->second.name, ir::TensorMeta::of(t));
-      gm->set_attribute(it->second.name, it->second.tensor, it->second.kind);
+      const std::string& name = it->second.name;
+      ir::Value v = g.get_attr(name, ir::TensorMeta::of(t));
+      // The owning module is known for module state; op nodes get theirs from the module call
+      // boundary (torchcompile::call), once it exists.
+      if (auto dot = name.rfind('.'); dot != std::string::npos) v.node->set_module_path(name.substr(0, dot));
+      gm->set_attribute(name, it->second.tensor, it->second.kind);
       track(t, v);
       return v;
     }
@@ -177,7 +181,7 @@ struct Tracer::Impl {
         uint32_t n = 0;
         for (const c10::IValue& e : rv.toListRef()) {
           at::Tensor t = e.isTensor() ? e.toTensor() : at::Tensor();
-          metas.push_back(t.defined() ? ir::TensorMeta::of(t) : ir::TensorMeta{/*defined=*/false});
+          metas.push_back(ir::TensorMeta::of(t));
           produced.push_back(std::move(t));
           ++n;
         }
@@ -185,7 +189,7 @@ struct Tracer::Impl {
         continue;
       }
       at::Tensor t = rv.isTensor() ? rv.toTensor() : at::Tensor();
-      metas.push_back(t.defined() ? ir::TensorMeta::of(t) : ir::TensorMeta{/*defined=*/false});
+      metas.push_back(ir::TensorMeta::of(t));
       produced.push_back(std::move(t));
       counts.push_back(1);
     }
@@ -244,7 +248,7 @@ Tracer::~Tracer() = default;
 Tracer* Tracer::current() { return tls_current_tracer; }
 
 void Tracer::add_input(const at::Tensor& t, const std::string& name) {
-  ir::Value v = impl_->gm->graph().placeholder(name, t.defined() ? ir::TensorMeta::of(t) : ir::TensorMeta{false});
+  ir::Value v = impl_->gm->graph().placeholder(name, ir::TensorMeta::of(t));
   if (!t.defined()) return;
   impl_->track(t, v);
   impl_->track_memory(t);

@@ -111,6 +111,7 @@ TEST(Tracer, ParametersBecomeGetAttrAndOtherTensorsConstants) {
   }
   auto gm = t.finish({y});
   ASSERT_TRUE(gm->has_attribute("layer.weight"));
+  EXPECT_EQ(gm->graph().find_node("layer_weight")->module_path(), "layer");
   EXPECT_TRUE(gm->attribute("layer.weight").is_same(w)) << "parameters are shared, not copied";
   EXPECT_EQ(gm->attribute_kind("_tensor_constant0"), torchcompile::ir::AttributeKind::Constant);
   w.mul_(10);  // read live

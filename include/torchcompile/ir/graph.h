@@ -65,6 +65,7 @@ struct TensorMeta {
   c10::Device device = c10::Device(c10::DeviceType::CPU);
   bool requires_grad = false;
 
+  /// The metadata of `t`; an undefined tensor gives `defined == false`.
   static TensorMeta of(const at::Tensor& t);
   bool operator==(const TensorMeta& o) const;
   /// Compact form used by the printers: `f32[2, 3]{3, 1}`, with `cpu` omitted and `rg` for
