@@ -12,23 +12,11 @@
 #include <cstdio>
 #include <iostream>
 #include <vector>
+#include "models.h"
 
 namespace {
 
-// M1: Linear(784,512)-ReLU-Linear(512,512)-ReLU-Linear(512,10).
-struct MlpImpl : torch::nn::Module {
-  MlpImpl()
-      : fc1(register_module("fc1", torch::nn::Linear(784, 512))),
-        fc2(register_module("fc2", torch::nn::Linear(512, 512))),
-        fc3(register_module("fc3", torch::nn::Linear(512, 10))) {}
-  torch::Tensor forward(torch::Tensor x) {
-    x = torch::relu(fc1(x));
-    x = torch::relu(fc2(x));
-    return fc3(x);
-  }
-  torch::nn::Linear fc1, fc2, fc3;
-};
-TORCH_MODULE(Mlp);
+using torchcompile_examples::Mlp;
 
 double median(std::vector<double> v) {
   std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());

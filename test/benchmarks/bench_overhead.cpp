@@ -29,27 +29,15 @@
 #include <memory>
 #include <string>
 #include <vector>
+#include "examples/models.h"
 
 namespace {
+
+using torchcompile_examples::Mlp;
 
 using Clock = std::chrono::steady_clock;
 
 // ---- models ----------------------------------------------------------------------------------
-
-// M1: Linear(784,512)-ReLU-Linear(512,512)-ReLU-Linear(512,10).
-struct MlpImpl : torch::nn::Module {
-  MlpImpl()
-      : fc1(register_module("fc1", torch::nn::Linear(784, 512))),
-        fc2(register_module("fc2", torch::nn::Linear(512, 512))),
-        fc3(register_module("fc3", torch::nn::Linear(512, 10))) {}
-  torch::Tensor forward(torch::Tensor x) {
-    x = torch::relu(fc1(x));
-    x = torch::relu(fc2(x));
-    return fc3(x);
-  }
-  torch::nn::Linear fc1, fc2, fc3;
-};
-TORCH_MODULE(Mlp);
 
 // M8: 50 chained tiny ops cycling x+0.5, x*0.9, relu, sin.
 torch::Tensor chain50(torch::Tensor x) {

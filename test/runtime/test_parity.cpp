@@ -34,6 +34,13 @@ class Parity : public ::testing::TestWithParam<std::string> {
   }
 };
 
+// Give `to` the parameter values of `from` (two instances of one module type).
+void copy_parameters(torch::nn::Module& from, torch::nn::Module& to) {
+  torch::NoGradGuard no_grad;
+  auto target = to.named_parameters();
+  for (const auto& p : from.named_parameters()) target[p.key()].copy_(p.value());
+}
+
 std::vector<torch::Tensor> calls(std::initializer_list<int64_t> shape, int n = 3) {
   std::vector<torch::Tensor> xs;
   for (int i = 0; i < n; ++i) xs.push_back(torch::randn(shape));
@@ -111,8 +118,8 @@ TEST_P(Parity, MultiheadAttention) {
   };
   auto m = std::make_shared<Mha>();
   auto reference = std::make_shared<Mha>();
+  copy_parameters(*m, *reference);
   torch::NoGradGuard no_grad;
-  for (const auto& p : m->named_parameters()) reference->named_parameters()[p.key()].copy_(p.value());
   auto compiled = torch::compile(m, GetParam());
   for (int i = 0; i < 3; ++i) {
     auto x = torch::randn({5, 2, 16});
@@ -133,10 +140,7 @@ TEST_P(Parity, Lstm) {
   };
   auto m = std::make_shared<Net>();
   auto reference = std::make_shared<Net>();
-  {
-    torch::NoGradGuard no_grad;
-    for (const auto& p : m->named_parameters()) reference->named_parameters()[p.key()].copy_(p.value());
-  }
+  copy_parameters(*m, *reference);
   auto compiled = torch::compile(m, GetParam());
   for (int i = 0; i < 3; ++i) {
     auto x = torch::randn({7, 3, 6});
