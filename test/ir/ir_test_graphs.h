@@ -35,4 +35,16 @@ inline std::unique_ptr<torchcompile::ir::Graph> seed_graph() {
   return g;
 }
 
+/// Seed 000's print_tabular table for that graph, with ATen targets as AOT graphs print them
+/// (FX layout, tabulate "simple": column width = max(cells, header + 2), two spaces between).
+inline constexpr const char* kSeedTable =
+    "opcode         name    target            args        kwargs\n"
+    "-------------  ------  ----------------  ----------  --------\n"
+    "placeholder    x       x                 ()          {}\n"
+    "placeholder    y       y                 ()          {}\n"
+    "call_function  cos     aten.cos.default  (x,)        {}\n"
+    "call_function  sin     aten.sin.default  (y,)        {}\n"
+    "call_function  add     aten.add.Tensor   (cos, sin)  {}\n"
+    "output         output  output            ((add,),)   {}\n";
+
 }  // namespace tc_test

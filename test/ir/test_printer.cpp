@@ -19,15 +19,7 @@ using ::testing::HasSubstr;
 // Seed 000's table for fn(x, y) = cos(x) + sin(y), with ATen targets as AOT graphs print them.
 TEST(IrPrinter, TabularMatchesFxLayoutForSeedGraph) {
   auto g = tc_test::seed_graph();
-  const std::string expected =
-      "opcode         name    target            args        kwargs\n"
-      "-------------  ------  ----------------  ----------  --------\n"
-      "placeholder    x       x                 ()          {}\n"
-      "placeholder    y       y                 ()          {}\n"
-      "call_function  cos     aten.cos.default  (x,)        {}\n"
-      "call_function  sin     aten.sin.default  (y,)        {}\n"
-      "call_function  add     aten.add.Tensor   (cos, sin)  {}\n"
-      "output         output  output            ((add,),)   {}\n";
+  const std::string expected = tc_test::kSeedTable;
   EXPECT_EQ(tabular_string(*g), expected);
   std::ostringstream os;
   print_tabular(*g, os);
