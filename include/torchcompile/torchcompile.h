@@ -152,20 +152,17 @@ class Compiled {
     using R = decltype(callable_(args...));
     runtime::CallArgs ca;
     (detail::add_arg(ca, args), ...);
-    auto entry = state_->lookup(ca);
-    if (entry && !entry->runs_eagerly()) {
-      std::vector<at::Tensor> flat = entry->run(std::move(ca.tensors));
-      size_t pos = 0, list_pos = 0;
-      return detail::OutputCodec<R>::unflatten(flat, pos, entry->output_spec(), list_pos);
-    }
-    if (entry) return callable_(std::forward<Args>(args)...);
-    auto session = state_->begin_trace(ca);
-    R result = callable_(std::forward<Args>(args)...);
-    std::vector<at::Tensor> flat;
+    // Runs the forward when the runtime needs it: to trace, to retrace a new branch, or eagerly.
+    // It runs at most once per call, so the arguments are passed on as they came.
+    runtime::ForwardFn forward = [&](runtime::OutputSpec& spec) {
+      std::vector<at::Tensor> flat;
+      detail::OutputCodec<R>::flatten(callable_(std::forward<Args>(args)...), flat, spec);
+      return flat;
+    };
     runtime::OutputSpec spec;
-    detail::OutputCodec<R>::flatten(result, flat, spec);
-    state_->finish_trace(*session, flat, std::move(spec));
-    return result;
+    std::vector<at::Tensor> flat = state_->call(ca, forward, spec);
+    size_t pos = 0, list_pos = 0;
+    return detail::OutputCodec<R>::unflatten(flat, pos, spec, list_pos);
   }
 
   /// Same as operator().

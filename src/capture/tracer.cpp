@@ -4,11 +4,15 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <ATen/ops/empty_strided.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/intrusive_ptr.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cstring>
 #include <mutex>
+#include <sstream>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -54,25 +58,76 @@ bool returns_only_tensors(const c10::FunctionSchema& schema) {
   return true;
 }
 
+bool same_op(const c10::OperatorHandle& a, const c10::OperatorHandle& b) { return &a.schema() == &b.schema(); }
+
 void redispatch_below_tracer(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   c10::impl::ExcludeDispatchKeyGuard no_tracing(compat::kTracingKey);
   op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, compat::kTracingKey), stack);
 }
 
+bool is_key_value(const c10::IValue& v) { return v.isDouble() || v.isInt() || v.isBool() || v.isComplexDouble(); }
+
 void tracing_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack);
 
 }  // namespace
 
+bool same_key(const std::vector<c10::IValue>& a, const std::vector<c10::IValue>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const c10::IValue &x = a[i], &y = b[i];
+    if (x.tagKind() != y.tagKind()) return false;
+    if (x.isDouble()) {
+      double dx = x.toDouble(), dy = y.toDouble();
+      if (std::memcmp(&dx, &dy, sizeof dx) != 0 && !(dx != dx && dy != dy)) return false;
+    } else if (x.isInt()) {
+      if (x.toInt() != y.toInt()) return false;
+    } else if (x.isBool()) {
+      if (x.toBool() != y.toBool()) return false;
+    } else if (x.isComplexDouble()) {
+      if (x.toComplexDouble() != y.toComplexDouble()) return false;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string key_repr(const std::vector<c10::IValue>& key) {
+  std::ostringstream os;
+  for (size_t i = 0; i < key.size(); ++i) os << (i ? ", " : "") << key[i];
+  return os.str();
+}
+
 // ---- the recording state ---------------------------------------------------------------------
 
 struct Tracer::Impl {
+  enum class Mode { Record, Replay, Off };
+
   Tracer* owner = nullptr;
+  bool fullgraph = false;
+  Mode mode = Mode::Record;
+
+  // The call's environment: slot tensors, their names, and which slot a tensor is.
+  std::vector<at::Tensor> slots;
+  std::vector<std::string> slot_names;
+  std::unordered_map<const c10::TensorImpl*, uint32_t> slot_of;
+  size_t num_inputs = 0;
+
+  // The segment being recorded.
   std::unique_ptr<ir::GraphModule> gm = std::make_unique<ir::GraphModule>();
-  // The graph value each live tensor currently stands for.
-  std::unordered_map<const c10::TensorImpl*, ir::Value> values;
+  std::vector<uint32_t> segment_inputs;
+  std::unordered_map<uint32_t, ir::Value> placeholder_of_slot;
+  std::unordered_map<const c10::TensorImpl*, ir::Value> values;  // values produced or read in it
+  std::vector<LoggedOp> log;
+  std::unordered_map<const ir::Node*, size_t> log_index;
+  std::vector<SegmentRecord> done;
+  size_t num_constants = 0;
+
   // Weak references keep a recorded TensorImpl's memory (not its storage) allocated during the
-  // trace, so a freed tensor's address cannot be reused by a new tensor and alias its value.
-  std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> keep_addresses;
+  // trace, so a freed tensor's address cannot be reused by a new tensor and alias its value;
+  // they also tell, at a graph break, whether the forward still holds a tensor.
+  std::vector<std::pair<c10::weak_intrusive_ptr<c10::TensorImpl>, const c10::TensorImpl*>> weak_values;
+
   // Declared module state, turned into get_attr nodes on first use.
   struct Attribute {
     std::string name;
@@ -80,11 +135,19 @@ struct Tracer::Impl {
     ir::AttributeKind kind;
   };
   std::unordered_map<const c10::TensorImpl*, Attribute> attributes;
-  // Storages of inputs and attributes: a tensor sharing one of them that no op produced was
-  // derived outside the dispatcher (`.data()`, from_blob over data_ptr); baking it in as a
-  // constant would be silently wrong, so the trace is abandoned instead.
-  // Compared by address range: from_blob over an input's data_ptr makes a new StorageImpl.
+  // Memory of inputs and attributes: a tensor over it that no op produced was derived outside
+  // the dispatcher (`.data()`, from_blob over data_ptr); baking it in as a constant would be
+  // silently wrong, so the trace is abandoned instead. Compared by address range: from_blob
+  // makes a new StorageImpl over the same bytes.
   std::vector<std::pair<uintptr_t, uintptr_t>> tracked_memory;
+
+  // Replay state. Stand-ins for values that died inside a replayed segment must never reach a
+  // recorded op (they hold no data); weak references keep their addresses unique.
+  ReplayPath path;
+  std::unordered_set<const c10::TensorImpl*> stand_ins;
+  std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> stand_in_refs;
+  size_t replay_segment = 0;
+  size_t replay_index = 0;
 
   void track_memory(const at::Tensor& t) {
     if (!t.has_storage() || t.storage().data() == nullptr) return;
@@ -100,11 +163,27 @@ struct Tracer::Impl {
       if (begin < e && b < end) return true;
     return false;
   }
-  size_t num_constants = 0;
 
   void track(const at::Tensor& t, ir::Value v) {
     values[t.unsafeGetTensorImpl()] = v;
-    keep_addresses.emplace_back(t.getIntrusivePtr());
+    weak_values.emplace_back(c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()), t.unsafeGetTensorImpl());
+  }
+
+  uint32_t new_slot(const at::Tensor& t, std::string name) {
+    auto s = static_cast<uint32_t>(slots.size());
+    slots.push_back(t);
+    slot_names.push_back(std::move(name));
+    // The latest slot wins, in recording and in replay alike, so both bind the same slots.
+    slot_of[t.unsafeGetTensorImpl()] = s;
+    return s;
+  }
+
+  ir::Value placeholder_for_slot(uint32_t s) {
+    if (auto it = placeholder_of_slot.find(s); it != placeholder_of_slot.end()) return it->second;
+    ir::Value v = gm->graph().placeholder(slot_names[s], ir::TensorMeta::of(slots[s]));
+    placeholder_of_slot.emplace(s, v);
+    segment_inputs.push_back(s);
+    return v;
   }
 
   // The graph value for a tensor the forward passed to an op.
@@ -112,6 +191,11 @@ struct Tracer::Impl {
     const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
     if (auto it = values.find(impl); it != values.end()) return it->second;
     ir::Graph& g = gm->graph();
+    if (auto it = slot_of.find(impl); it != slot_of.end()) {
+      ir::Value v = placeholder_for_slot(it->second);
+      values[impl] = v;
+      return v;
+    }
     if (auto it = attributes.find(impl); it != attributes.end()) {
       const std::string& name = it->second.name;
       ir::Value v = g.get_attr(name, ir::TensorMeta::of(t));
@@ -121,6 +205,10 @@ struct Tracer::Impl {
       gm->set_attribute(name, it->second.tensor, it->second.kind);
       track(t, v);
       return v;
+    }
+    if (stand_ins.count(impl)) {
+      owner->fail("the forward used a tensor computed before a graph break that it did not hold at the break", "");
+      return std::nullopt;
     }
     if (shares_tracked_memory(t)) {
       owner->fail("a tensor sharing memory with an input or parameter reached an operator without "
@@ -166,36 +254,251 @@ struct Tracer::Impl {
     return true;
   }
 
+  // Flatten an op's returns (Tensor, Tensor?, Tensor[]) into tensors, with the count per return.
+  static std::vector<at::Tensor> flatten_returns(const c10::IValue* returns, size_t n, std::vector<uint32_t>& counts) {
+    std::vector<at::Tensor> out;
+    for (size_t r = 0; r < n; ++r) {
+      const c10::IValue& rv = returns[r];
+      if (rv.isTensor() || rv.isNone()) {
+        out.push_back(rv.isTensor() ? rv.toTensor() : at::Tensor());
+        counts.push_back(1);
+        continue;
+      }
+      uint32_t k = 0;
+      for (const c10::IValue& e : rv.toListRef()) {
+        out.push_back(e.isTensor() ? e.toTensor() : at::Tensor());
+        ++k;
+      }
+      counts.push_back(k);
+    }
+    return out;
+  }
+
   void record(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args, const c10::IValue* returns) {
     const auto& schema = op.schema();
     std::vector<ir::Argument> ir_args(args.size());
     for (size_t i = 0; i < args.size(); ++i)
       if (!to_argument(args[i], schema.arguments()[i], ir_args[i])) return;
 
+    LoggedOp entry{op, {}, {}};
+    std::vector<at::Tensor> produced = flatten_returns(returns, schema.returns().size(), entry.return_counts);
     std::vector<ir::TensorMeta> metas;
-    std::vector<uint32_t> counts;
-    std::vector<at::Tensor> produced;
-    for (size_t r = 0; r < schema.returns().size(); ++r) {
-      const c10::IValue& rv = returns[r];
-      if (rv.isTensorList() || (rv.isList() && !rv.isTensor())) {
-        uint32_t n = 0;
-        for (const c10::IValue& e : rv.toListRef()) {
-          at::Tensor t = e.isTensor() ? e.toTensor() : at::Tensor();
-          metas.push_back(ir::TensorMeta::of(t));
-          produced.push_back(std::move(t));
-          ++n;
-        }
-        counts.push_back(n);
-        continue;
-      }
-      at::Tensor t = rv.isTensor() ? rv.toTensor() : at::Tensor();
-      metas.push_back(ir::TensorMeta::of(t));
-      produced.push_back(std::move(t));
-      counts.push_back(1);
+    for (const at::Tensor& t : produced) {
+      LoggedOutput lo;
+      lo.meta = ir::TensorMeta::of(t);
+      for (size_t a = 0; t.defined() && a < args.size(); ++a)
+        if (args[a].isTensor() && args[a].toTensor().unsafeGetTensorImpl() == t.unsafeGetTensorImpl())
+          lo.alias_arg = static_cast<int32_t>(a);
+      metas.push_back(lo.meta);
+      entry.outputs.push_back(std::move(lo));
     }
-    ir::Node* node = gm->graph().call_function(op, std::move(ir_args), std::move(metas), std::move(counts));
+    ir::Node* node = gm->graph().call_function(op, std::move(ir_args), std::move(metas), entry.return_counts);
+    log_index[node] = log.size();
+    log.push_back(std::move(entry));
     for (size_t i = 0; i < produced.size(); ++i)
       if (produced[i].defined()) track(produced[i], node->output(i));
+  }
+
+  // End the segment with `outputs` (record mode). Extra outputs are the values the forward
+  // still holds that this segment produced, so later segments can read them from slots;
+  // `forced` values get slots too. Returns the slot of each forced value.
+  std::vector<uint32_t> close_segment(std::vector<ir::Value> outputs, const std::vector<ir::Value>& forced,
+                                      bool is_last) {
+    SegmentRecord rec;
+    std::vector<uint32_t> forced_slots;
+    if (!is_last) {
+      // Live values produced here, in program order.
+      struct Live {
+        size_t order;
+        ir::Value value;
+        at::Tensor tensor;
+      };
+      std::vector<Live> live;
+      std::unordered_set<const c10::TensorImpl*> seen;
+      for (const auto& [weak, impl] : weak_values) {
+        if (!seen.insert(impl).second) continue;
+        auto it = values.find(impl);
+        if (it == values.end() || it->second.node->kind() != ir::NodeKind::CallFunction) continue;
+        auto strong = weak.lock();
+        if (!strong) continue;
+        const ir::Value& v = it->second;
+        live.push_back({log_index.at(v.node) * 1024 + v.index, v, at::Tensor(std::move(strong))});
+      }
+      std::sort(live.begin(), live.end(), [](const Live& a, const Live& b) { return a.order < b.order; });
+      std::unordered_map<ir::Value, uint32_t, ir::ValueHash> slot_of_value;
+      auto give_slot = [&](const ir::Value& v, const at::Tensor& t) {
+        uint32_t s = new_slot(t, v.node->name());
+        slot_of_value.emplace(v, s);
+        outputs.push_back(v);
+        rec.output_slots.push_back(s);
+        rec.output_names.push_back(v.node->name());
+        log[log_index.at(v.node)].outputs[v.index].slot = static_cast<int32_t>(s);
+      };
+      for (const Live& l : live)
+        if (!slot_of_value.count(l.value)) give_slot(l.value, l.tensor);
+      for (const ir::Value& v : forced) {
+        if (v.node->kind() == ir::NodeKind::Placeholder) {
+          // Already a slot.
+          for (const auto& [s, pv] : placeholder_of_slot)
+            if (pv == v) forced_slots.push_back(s);
+          continue;
+        }
+        TORCH_INTERNAL_ASSERT(slot_of_value.count(v) || v.node->kind() == ir::NodeKind::GetAttr,
+                              "graph break: the read tensor is not live");
+        if (auto it = slot_of_value.find(v); it != slot_of_value.end()) {
+          forced_slots.push_back(it->second);
+          continue;
+        }
+        // An attribute read directly: pass it through the graph into a slot.
+        uint32_t s = new_slot(gm->attribute(v.node->target()), v.node->name());
+        outputs.push_back(v);
+        rec.output_slots.push_back(s);
+        rec.output_names.push_back(v.node->name());
+        forced_slots.push_back(s);
+      }
+    }
+    ir::Graph& g = gm->graph();
+    g.output(std::move(outputs));
+    ir::eliminate_dead_code(g);
+    ir::lint(g);
+    std::unordered_set<std::string> used;
+    for (const auto& n : g.nodes())
+      if (n->kind() == ir::NodeKind::GetAttr) used.insert(n->target());
+    std::vector<std::string> unused;
+    for (const auto& [name, attr] : gm->attributes())
+      if (!used.count(name)) unused.push_back(name);
+    for (const auto& name : unused) gm->remove_attribute(name);
+
+    rec.gm = std::move(gm);
+    rec.input_slots = std::move(segment_inputs);
+    rec.log = std::move(log);
+    done.push_back(std::move(rec));
+
+    gm = std::make_unique<ir::GraphModule>();
+    segment_inputs.clear();
+    placeholder_of_slot.clear();
+    values.clear();
+    log.clear();
+    log_index.clear();
+    num_constants = 0;
+    return forced_slots;
+  }
+
+  // A data-dependent host read while recording: end the segment, run the read, branch on it.
+  void host_read(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+    const auto& schema = op.schema();
+    const std::string name = ir::op_target_name(op);
+    TORCH_CHECK(!fullgraph, "torch::compile(fullgraph=true): graph break on a data-dependent host read (", name,
+                ") in the forward");
+    const size_t num_args = schema.arguments().size();
+    std::vector<c10::IValue> args(stack->end() - num_args, stack->end());
+    BranchRecord branch{op, args, {}, {}};
+    std::vector<ir::Value> forced;
+    std::vector<uint32_t> forced_positions;
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (!args[i].isTensor() || !args[i].toTensor().defined()) {
+        if (!args[i].isTensor() && is_tensor_like(schema.arguments()[i].type()) && !args[i].isNone()) {
+          owner->fail("graph break on " + name + " with a tensor-list argument is not supported", name);
+          redispatch_below_tracer(op, ks, stack);
+          return;
+        }
+        continue;
+      }
+      auto v = value_for(args[i].toTensor());
+      if (!v) {
+        redispatch_below_tracer(op, ks, stack);
+        return;
+      }
+      forced.push_back(*v);
+      forced_positions.push_back(static_cast<uint32_t>(i));
+      branch.stack_template[i] = c10::IValue();
+    }
+    std::vector<uint32_t> forced_slots = close_segment({}, forced, /*is_last=*/false);
+    for (size_t k = 0; k < forced_slots.size(); ++k) branch.tensor_args.emplace_back(forced_positions[k], forced_slots[k]);
+    redispatch_below_tracer(op, ks, stack);
+    const size_t num_returns = schema.returns().size();
+    branch.key.assign(stack->end() - num_returns, stack->end());
+    for (const auto& k : branch.key) {
+      if (!is_key_value(k)) {
+        owner->fail("graph break on " + name + ": its result is not a number or bool", name);
+        return;
+      }
+    }
+    done.back().branch = std::move(branch);
+  }
+
+  // Answer an op of an already executed segment without running it again.
+  void replay_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    const auto& schema = op.schema();
+    const std::string name = ir::op_target_name(op);
+    const std::vector<LoggedOp>& seg = *path.logs.at(replay_segment);
+    TORCH_CHECK(replay_op_index_ok(seg) && same_op(seg[replay_index].op, op),
+                "torch::compile: while re-running the forward to trace a new branch, it called ", name,
+                " where the trace recorded ",
+                replay_index < seg.size() ? ir::op_target_name(seg[replay_index].op) : std::string("the end of a segment"),
+                ". A compiled forward must make the same tensor calls for the same guards and branch values "
+                "(does it depend on host state?)");
+    const LoggedOp& logged = seg[replay_index++];
+    const size_t num_args = schema.arguments().size();
+    std::vector<c10::IValue> args(stack->end() - num_args, stack->end());
+    torch::jit::drop(*stack, num_args);
+    std::vector<at::Tensor> outs;
+    {
+      c10::impl::ExcludeDispatchKeyGuard no_tracing(compat::kTracingKey);
+      for (const LoggedOutput& lo : logged.outputs) {
+        if (lo.slot >= 0) {
+          outs.push_back(slots.at(lo.slot));
+        } else if (lo.alias_arg >= 0) {
+          outs.push_back(args.at(lo.alias_arg).toTensor());
+        } else if (!lo.meta.defined) {
+          outs.emplace_back();
+        } else {
+          // A value that died inside its segment: only metadata can still be asked of it.
+          outs.push_back(at::empty_strided(lo.meta.sizes, lo.meta.strides,
+                                           at::TensorOptions().dtype(lo.meta.dtype).device(lo.meta.device)));
+          stand_ins.insert(outs.back().unsafeGetTensorImpl());
+          stand_in_refs.emplace_back(outs.back().getIntrusivePtr());
+        }
+      }
+    }
+    size_t o = 0;
+    for (size_t r = 0; r < logged.return_counts.size(); ++r) {
+      if (schema.returns()[r].type()->kind() == c10::TypeKind::ListType) {
+        c10::List<at::Tensor> list;
+        for (uint32_t k = 0; k < logged.return_counts[r]; ++k) list.push_back(outs[o++]);
+        stack->emplace_back(std::move(list));
+      } else {
+        at::Tensor t = outs[o++];
+        if (t.defined()) {
+          stack->emplace_back(std::move(t));
+        } else {
+          stack->emplace_back();
+        }
+      }
+    }
+  }
+
+  bool replay_op_index_ok(const std::vector<LoggedOp>& seg) const { return replay_index < seg.size(); }
+
+  // The host read ending a replayed segment: answer with the known (or this call's) value.
+  void replay_branch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    const std::string name = ir::op_target_name(op);
+    const BranchRecord* b = replay_segment < path.branches.size() ? path.branches[replay_segment] : nullptr;
+    TORCH_CHECK(replay_index == path.logs.at(replay_segment)->size() && b && same_op(b->op, op),
+                "torch::compile: while re-running the forward to trace a new branch, it read ", name,
+                " at a point where the trace did not; a compiled forward must make the same calls for the same "
+                "guards and branch values");
+    torch::jit::drop(*stack, op.schema().arguments().size());
+    for (const auto& k : path.keys.at(replay_segment)) stack->push_back(k);
+    ++replay_segment;
+    replay_index = 0;
+    if (replay_segment < path.keys.size()) return;
+    if (path.record_after) {
+      mode = Mode::Record;
+      return;
+    }
+    mode = Mode::Off;
+    c10::impl::tls_set_dispatch_key_included(compat::kTracingKey, false);
   }
 };
 
@@ -205,24 +508,34 @@ namespace {
 
 void tracing_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   Tracer* tracer = Tracer::current();
-  if (tracer == nullptr || tracer->failed()) {
+  if (tracer == nullptr || tracer->failed() || tracer->impl().mode == Tracer::Impl::Mode::Off) {
     redispatch_below_tracer(op, ks, stack);
     return;
   }
+  Tracer::Impl& impl = tracer->impl();
   const auto& schema = op.schema();
-  if (!returns_only_tensors(schema)) {
-    if (!is_metadata_query(schema.operator_name())) {
-      tracer->fail("data-dependent host read (" + ir::op_target_name(op) + ") in the forward",
-                   ir::op_target_name(op));
-    }
+  const bool host_value = !returns_only_tensors(schema);
+  if (host_value && is_metadata_query(schema.operator_name())) {
     redispatch_below_tracer(op, ks, stack);
+    return;
+  }
+  if (impl.mode == Tracer::Impl::Mode::Replay) {
+    if (host_value) {
+      impl.replay_branch(op, stack);
+    } else {
+      impl.replay_op(op, stack);
+    }
+    return;
+  }
+  if (host_value) {
+    impl.host_read(op, ks, stack);
     return;
   }
   const size_t num_args = schema.arguments().size();
   std::vector<c10::IValue> args(stack->end() - num_args, stack->end());
   redispatch_below_tracer(op, ks, stack);
   const size_t num_returns = schema.returns().size();
-  tracer->impl().record(op, args, stack->data() + (stack->size() - num_returns));
+  impl.record(op, args, stack->data() + (stack->size() - num_returns));
 }
 
 }  // namespace
@@ -238,8 +551,9 @@ void register_tracing_fallback() {
 
 // ---- Tracer ---------------------------------------------------------------------------------
 
-Tracer::Tracer() : impl_(std::make_unique<Impl>()) {
+Tracer::Tracer(bool fullgraph) : impl_(std::make_unique<Impl>()) {
   impl_->owner = this;
+  impl_->fullgraph = fullgraph;
   register_tracing_fallback();
 }
 
@@ -248,10 +562,14 @@ Tracer::~Tracer() = default;
 Tracer* Tracer::current() { return tls_current_tracer; }
 
 void Tracer::add_input(const at::Tensor& t, const std::string& name) {
-  ir::Value v = impl_->gm->graph().placeholder(name, ir::TensorMeta::of(t));
+  Impl& im = *impl_;
+  const uint32_t s = im.new_slot(t, name);
+  ++im.num_inputs;
+  // The first segment takes every input as a placeholder, in order, used or not.
+  ir::Value v = im.placeholder_for_slot(s);
   if (!t.defined()) return;
-  impl_->track(t, v);
-  impl_->track_memory(t);
+  im.track(t, v);
+  im.track_memory(t);
 }
 
 void Tracer::add_attribute(const std::string& qualified_name, const at::Tensor& t, ir::AttributeKind kind) {
@@ -261,12 +579,34 @@ void Tracer::add_attribute(const std::string& qualified_name, const at::Tensor& 
   impl_->track_memory(t);
 }
 
+void Tracer::set_replay(ReplayPath path, std::vector<at::Tensor> env, const std::vector<std::string>& env_names) {
+  Impl& im = *impl_;
+  TORCH_INTERNAL_ASSERT(env.size() >= im.num_inputs, "set_replay: the environment lacks the inputs");
+  TORCH_INTERNAL_ASSERT(!path.keys.empty() && path.logs.size() == path.keys.size(), "set_replay: bad path");
+  // The first segment's placeholders were made by add_input; replay makes no graph of its own.
+  im.gm = std::make_unique<ir::GraphModule>();
+  im.segment_inputs.clear();
+  im.placeholder_of_slot.clear();
+  im.values.clear();
+  for (size_t s = im.num_inputs; s < env.size(); ++s) {
+    im.slots.push_back(env[s]);
+    im.slot_names.push_back(s < env_names.size() ? env_names[s] : "slot" + std::to_string(s));
+    if (env[s].defined()) im.slot_of[env[s].unsafeGetTensorImpl()] = static_cast<uint32_t>(s);
+  }
+  im.path = std::move(path);
+  im.mode = Impl::Mode::Replay;
+}
+
 void Tracer::fail(std::string reason, std::string op) {
   if (failure_) return;
   failure_ = std::make_unique<TraceFailure>(TraceFailure{std::move(reason), std::move(op)});
   // Stop paying for the fallback for the rest of this forward; Activation restores the TLS.
   c10::impl::tls_set_dispatch_key_included(compat::kTracingKey, false);
 }
+
+size_t Tracer::num_breaks() const { return impl_->done.size(); }
+
+const std::vector<at::Tensor>& Tracer::slot_tensors() const { return impl_->slots; }
 
 Tracer::Activation::Activation(Tracer& t)
     : previous_(tls_current_tracer), previous_included_(c10::impl::tls_is_dispatch_key_included(compat::kTracingKey)) {
@@ -279,30 +619,28 @@ Tracer::Activation::~Activation() {
   c10::impl::tls_set_dispatch_key_included(compat::kTracingKey, previous_included_);
 }
 
-std::unique_ptr<ir::GraphModule> Tracer::finish(const std::vector<at::Tensor>& outputs) {
+std::vector<SegmentRecord> Tracer::finish_segments(const std::vector<at::Tensor>& outputs) {
   TORCH_INTERNAL_ASSERT(!failed(), "Tracer::finish called on a failed trace");
   TORCH_INTERNAL_ASSERT(tls_current_tracer != this, "Tracer::finish called while the tracer is active");
+  Impl& im = *impl_;
+  TORCH_INTERNAL_ASSERT(im.mode == Impl::Mode::Record, "Tracer::finish: the forward ended before the replayed path did");
   std::vector<ir::Value> outs;
   outs.reserve(outputs.size());
   for (const at::Tensor& t : outputs) {
     TORCH_CHECK(t.defined(), "torch::compile: the forward returned an undefined tensor");
-    auto v = impl_->value_for(t);
-    if (!v) return nullptr;
+    auto v = im.value_for(t);
+    if (!v) return {};
     outs.push_back(*v);
   }
-  ir::Graph& g = impl_->gm->graph();
-  g.output(std::move(outs));
-  ir::eliminate_dead_code(g);
-  ir::lint(g);
-  // Attributes whose get_attr nodes died are dropped too.
-  std::unordered_set<std::string> used;
-  for (const auto& n : g.nodes())
-    if (n->kind() == ir::NodeKind::GetAttr) used.insert(n->target());
-  std::vector<std::string> unused;
-  for (const auto& [name, attr] : impl_->gm->attributes())
-    if (!used.count(name)) unused.push_back(name);
-  for (const auto& name : unused) impl_->gm->remove_attribute(name);
-  return std::move(impl_->gm);
+  im.close_segment(std::move(outs), {}, /*is_last=*/true);
+  return std::move(im.done);
+}
+
+std::unique_ptr<ir::GraphModule> Tracer::finish(const std::vector<at::Tensor>& outputs) {
+  TORCH_INTERNAL_ASSERT(impl_->done.empty(), "Tracer::finish: the trace has graph breaks; use finish_segments");
+  auto segments = finish_segments(outputs);
+  if (segments.empty()) return nullptr;
+  return std::move(segments.front().gm);
 }
 
 }  // namespace torchcompile::capture

@@ -4,6 +4,10 @@
 
 #include "runtime/guards.h"
 
+#include <torchcompile/ir/printer.h>
+
+#include <ATen/core/stack.h>
+
 #include <c10/util/Exception.h>
 #include <torch/nn/module.h>
 
@@ -41,41 +45,117 @@ void CallArgs::add(int64_t v) { items.push_back({ArgItem::Int, v}); }
 void CallArgs::add(double v) { items.push_back({ArgItem::Double, 0, v}); }
 void CallArgs::add(bool v) { items.push_back({ArgItem::Bool, v ? 1 : 0}); }
 
-// ---- entries ----------------------------------------------------------------------------------
+// ---- the trace tree ---------------------------------------------------------------------------
 
-CompiledEntry::CompiledEntry(std::unique_ptr<GuardSet> guards, CompiledFn fn, OutputSpec spec,
-                             std::shared_ptr<GraphModule> gm, std::string eager_reason)
+struct BranchPoint;
+
+/// A compiled graph segment of a trace tree.
+struct Segment {
+  std::shared_ptr<GraphModule> gm;
+  CompiledFn fn;
+  std::vector<uint32_t> input_slots;
+  std::vector<uint32_t> output_slots;
+  std::vector<std::string> output_names;
+  std::vector<capture::LoggedOp> log;   // matched when a later call retraces past this segment
+  std::string text;                     // the graph as text: identical continuations are shared
+  std::unique_ptr<BranchPoint> branch;  // null: the outputs are the call's results
+  OutputSpec spec;                      // of the results (a segment without branch)
+
+  size_t count_graphs() const;
+  size_t count_breaks() const;
+};
+
+/// A graph break: the host read that ended a segment and the continuations seen so far.
+struct BranchPoint {
+  explicit BranchPoint(capture::BranchRecord r) : record(std::move(r)), op_name(ir::op_target_name(record.op)) {}
+
+  capture::BranchRecord record;
+  std::string op_name;
+  std::vector<std::unique_ptr<Segment>> children;                    // distinct continuations
+  std::vector<std::pair<std::vector<c10::IValue>, Segment*>> known;  // recent values, newest first
+  bool closed = false;  // too many distinct continuations: new values run the rest eagerly
+
+  static constexpr size_t kKnownValues = 64;
+
+  Segment* find(const std::vector<c10::IValue>& key) {
+    for (size_t i = 0; i < known.size(); ++i) {
+      if (!capture::same_key(known[i].first, key)) continue;
+      if (i != 0) std::rotate(known.begin(), known.begin() + i, known.begin() + i + 1);
+      return known.front().second;
+    }
+    return nullptr;
+  }
+  void remember(const std::vector<c10::IValue>& key, Segment* s) {
+    known.insert(known.begin(), {key, s});
+    if (known.size() > kKnownValues) known.pop_back();
+  }
+};
+
+size_t Segment::count_graphs() const {
+  size_t n = 1;
+  if (branch)
+    for (const auto& c : branch->children) n += c->count_graphs();
+  return n;
+}
+
+size_t Segment::count_breaks() const {
+  if (!branch) return 0;
+  size_t n = 1;
+  for (const auto& c : branch->children) n += c->count_breaks();
+  return n;
+}
+
+namespace {
+
+// The outputs of one segment, given the call's environment.
+std::vector<at::Tensor> run_segment(const Segment& seg, const std::vector<at::Tensor>& env) {
+  std::vector<at::Tensor> inputs;
+  inputs.reserve(seg.input_slots.size());
+  for (uint32_t s : seg.input_slots) inputs.push_back(env[s]);
+  return seg.fn(std::move(inputs));
+}
+
+// Execute the host read of a branch point on this call's tensors.
+std::vector<c10::IValue> read_key(const BranchPoint& bp, const std::vector<at::Tensor>& env) {
+  torch::jit::Stack stack = bp.record.stack_template;
+  for (const auto& [index, slot] : bp.record.tensor_args) stack[index] = env[slot];
+  bp.record.op.callBoxed(&stack);
+  return std::vector<c10::IValue>(stack.begin(), stack.end());
+}
+
+bool same_segment(const Segment& a, const capture::SegmentRecord& b, const std::string& b_text) {
+  return a.text == b_text && a.input_slots == b.input_slots && a.output_slots == b.output_slots &&
+         (a.branch != nullptr) == b.branch.has_value() &&
+         (!a.branch || &a.branch->record.op.schema() == &b.branch->op.schema());
+}
+
+Segment* leaf_of(Segment* s) {
+  while (s->branch) s = s->branch->children.front().get();
+  return s;
+}
+
+}  // namespace
+
+CompiledEntry::CompiledEntry(std::unique_ptr<GuardSet> guards, std::unique_ptr<Segment> root,
+                             std::vector<std::string> input_names, std::string eager_reason)
     : guards_(std::move(guards)),
-      fn_(std::move(fn)),
-      spec_(std::move(spec)),
-      gm_(std::move(gm)),
+      root_(std::move(root)),
+      input_names_(std::move(input_names)),
       eager_reason_(std::move(eager_reason)) {}
 
 CompiledEntry::~CompiledEntry() = default;
 
-// ---- tracing ----------------------------------------------------------------------------------
+std::shared_ptr<GraphModule> CompiledEntry::graph_module() const { return root_ ? root_->gm : nullptr; }
 
-class TraceSession {
- public:
-  TraceSession(const CallArgs& args, const std::shared_ptr<torch::nn::Module>& root,
-               const std::vector<std::string>& input_names)
-      : guards(GuardSet::build(args, root, input_names)), example_inputs(args.tensors) {
-    const auto names = tensor_input_names(args, input_names);
-    for (size_t i = 0; i < args.tensors.size(); ++i) tracer.add_input(args.tensors[i], names[i]);
-    if (root) {
-      for (const auto& p : root->named_parameters(/*recurse=*/true))
-        tracer.add_attribute(p.key(), p.value(), ir::AttributeKind::Parameter);
-      for (const auto& b : root->named_buffers(/*recurse=*/true))
-        tracer.add_attribute(b.key(), b.value(), ir::AttributeKind::Buffer);
-    }
-    activation.emplace(tracer);
-  }
+size_t CompiledEntry::num_graphs() const {
+  std::lock_guard<std::mutex> lock(tree_mutex_);
+  return root_ ? root_->count_graphs() : 0;
+}
 
-  capture::Tracer tracer;
-  std::optional<capture::Tracer::Activation> activation;
-  std::unique_ptr<GuardSet> guards;
-  std::vector<at::Tensor> example_inputs;
-};
+size_t CompiledEntry::num_breaks() const {
+  std::lock_guard<std::mutex> lock(tree_mutex_);
+  return root_ ? root_->count_breaks() : 0;
+}
 
 // ---- the compiled object ------------------------------------------------------------------------
 
@@ -112,10 +192,9 @@ std::shared_ptr<const CompiledEntry> CompiledFunction::lookup(const CallArgs& ar
   }
   last_reason_ = entries_.empty() ? "no cached entry" : entries_.front()->guards().failure_reason(args);
   if (entries_.size() < options_.cache_size_limit) return nullptr;
-  if (!overflow_entry_) {
-    overflow_entry_ = std::make_shared<CompiledEntry>(nullptr, CompiledFn(), OutputSpec{}, nullptr,
-                                                      "cache size limit reached");
-  }
+  if (!overflow_entry_)
+    overflow_entry_ =
+        std::make_shared<CompiledEntry>(nullptr, nullptr, std::vector<std::string>{}, "cache size limit reached");
   auto entry = overflow_entry_;
   const std::string reason = last_reason_;
   lock.unlock();
@@ -124,44 +203,210 @@ std::shared_ptr<const CompiledEntry> CompiledFunction::lookup(const CallArgs& ar
   return entry;
 }
 
-std::shared_ptr<TraceSession> CompiledFunction::begin_trace(const CallArgs& args) {
-  return std::make_shared<TraceSession>(args, root_, options_.input_names);
+std::vector<at::Tensor> CompiledFunction::call(const CallArgs& args, const ForwardFn& forward, OutputSpec& spec) {
+  auto entry = lookup(args);
+  if (!entry) return trace_new_entry(args, forward, spec);
+  if (entry->runs_eagerly()) return forward(spec);
+  return run_entry(*entry, args, forward, spec);
 }
 
-void CompiledFunction::finish_trace(TraceSession& session, const std::vector<at::Tensor>& outputs, OutputSpec spec) {
-  session.activation.reset();  // the backend's own ATen calls must not be traced
-  auto insert = [&](CompiledFn fn, std::shared_ptr<GraphModule> gm, std::string eager_reason) {
-    auto entry = std::make_shared<CompiledEntry>(std::move(session.guards), std::move(fn), std::move(spec),
-                                                 std::move(gm), std::move(eager_reason));
+void CompiledFunction::add_module_state(capture::Tracer& tracer) const {
+  if (!root_) return;
+  for (const auto& p : root_->named_parameters(/*recurse=*/true))
+    tracer.add_attribute(p.key(), p.value(), ir::AttributeKind::Parameter);
+  for (const auto& b : root_->named_buffers(/*recurse=*/true))
+    tracer.add_attribute(b.key(), b.value(), ir::AttributeKind::Buffer);
+}
+
+std::unique_ptr<Segment> CompiledFunction::compile_chain(std::vector<capture::SegmentRecord>& records, size_t from,
+                                                         const std::vector<at::Tensor>& slots, std::string& failure) {
+  // Compile in program order (a debugging backend prints the prefix first), then link.
+  std::vector<std::unique_ptr<Segment>> chain;
+  for (size_t i = from; i < records.size(); ++i) {
+    capture::SegmentRecord& r = records[i];
+    auto seg = std::make_unique<Segment>();
+    seg->gm = std::shared_ptr<GraphModule>(std::move(r.gm));
+    seg->text = ir::to_text(seg->gm->graph());
+    seg->input_slots = r.input_slots;
+    seg->output_slots = r.output_slots;
+    seg->output_names = r.output_names;
+    seg->log = std::move(r.log);
+    std::vector<at::Tensor> example_inputs;
+    for (uint32_t s : seg->input_slots) example_inputs.push_back(slots.at(s));
+    try {
+      seg->fn = backend_(*seg->gm, example_inputs);
+      if (!seg->fn) failure = "backend '" + options_.backend + "' declined the graph";
+    } catch (const std::exception& e) {
+      failure = "backend '" + options_.backend + "' failed to compile: " + e.what();
+    }
+    if (!failure.empty()) return nullptr;
+    if (r.branch) seg->branch = std::make_unique<BranchPoint>(*r.branch);
+    chain.push_back(std::move(seg));
+  }
+  for (size_t i = chain.size() - 1; i-- > 0;) {
+    BranchPoint& bp = *chain[i]->branch;
+    bp.remember(bp.record.key, chain[i + 1].get());
+    bp.children.push_back(std::move(chain[i + 1]));
+  }
+  return std::move(chain.front());
+}
+
+std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, const ForwardFn& forward,
+                                                          OutputSpec& spec) {
+  auto guards = GuardSet::build(args, root_, options_.input_names);
+  const auto names = tensor_input_names(args, options_.input_names);
+  capture::Tracer tracer(options_.fullgraph);
+  for (size_t i = 0; i < args.tensors.size(); ++i) tracer.add_input(args.tensors[i], names[i]);
+  add_module_state(tracer);
+  std::vector<at::Tensor> outputs;
+  {
+    capture::Tracer::Activation active(tracer);
+    outputs = forward(spec);
+  }
+  auto insert = [&](std::unique_ptr<Segment> root, std::string eager_reason) {
+    auto entry = std::make_shared<CompiledEntry>(std::move(guards), std::move(root), names, std::move(eager_reason));
     std::lock_guard<std::mutex> lock(mutex_);
     entries_.insert(entries_.begin(), std::move(entry));
   };
-
-  capture::Tracer& tracer = session.tracer;
-  std::shared_ptr<GraphModule> gm;
-  if (!tracer.failed()) gm = tracer.finish(outputs);  // may fail on an output it cannot name
+  std::vector<capture::SegmentRecord> records;
+  if (!tracer.failed()) records = tracer.finish_segments(outputs);  // may fail on an output
   if (tracer.failed()) {
     const capture::TraceFailure& f = *tracer.failure();
-    TORCH_CHECK(!options_.fullgraph, "torch::compile(", name_, ", fullgraph=true): graph break: ", f.reason);
-    warn_once("break:" + f.reason, f.reason + "; this input signature runs eagerly");
-    insert(CompiledFn(), nullptr, f.reason);
-    return;
+    warn_once("trace:" + f.reason, f.reason + "; this input signature runs eagerly");
+    insert(nullptr, f.reason);
+    return outputs;
   }
-
-  CompiledFn fn;
   std::string failure;
-  try {
-    fn = backend_(*gm, session.example_inputs);
-    if (!fn) failure = "backend '" + options_.backend + "' declined the graph";
-  } catch (const std::exception& e) {
-    failure = "backend '" + options_.backend + "' failed to compile: " + e.what();
-  }
-  if (!failure.empty()) {
+  auto root = compile_chain(records, 0, tracer.slot_tensors(), failure);
+  if (!root) {
     warn_once("backend", failure + "; running eagerly");
-    insert(CompiledFn(), nullptr, failure);
-    return;
+    insert(nullptr, failure);
+    return outputs;
   }
-  insert(std::move(fn), std::move(gm), "");
+  leaf_of(root.get())->spec = spec;
+  insert(std::move(root), "");
+  return outputs;
+}
+
+std::vector<at::Tensor> CompiledFunction::run_entry(const CompiledEntry& entry, const CallArgs& args,
+                                                    const ForwardFn& forward, OutputSpec& spec) {
+  const Segment* seg = entry.root_.get();
+  if (!seg->branch) {  // no graph break: the common case
+    spec = seg->spec;
+    return seg->fn(args.tensors);
+  }
+  std::vector<at::Tensor> env = args.tensors;
+  std::vector<Segment*> path;
+  std::vector<std::vector<c10::IValue>> keys;
+  for (;;) {
+    std::vector<at::Tensor> outs = run_segment(*seg, env);
+    if (!seg->branch) {
+      spec = seg->spec;
+      return outs;
+    }
+    for (size_t i = 0; i < outs.size(); ++i) {
+      const uint32_t s = seg->output_slots[i];
+      if (env.size() <= s) env.resize(s + 1);
+      env[s] = std::move(outs[i]);
+    }
+    std::vector<c10::IValue> key = read_key(*seg->branch, env);
+    Segment* next;
+    {
+      std::lock_guard<std::mutex> lock(entry.tree_mutex_);
+      next = seg->branch->find(key);
+    }
+    path.push_back(const_cast<Segment*>(seg));
+    keys.push_back(std::move(key));
+    if (!next) return retrace_branch(entry, args, path, keys, std::move(env), forward, spec);
+    seg = next;
+  }
+}
+
+std::vector<at::Tensor> CompiledFunction::retrace_branch(const CompiledEntry& entry, const CallArgs& args,
+                                                         const std::vector<Segment*>& path,
+                                                         const std::vector<std::vector<c10::IValue>>& keys,
+                                                         std::vector<at::Tensor> env, const ForwardFn& forward,
+                                                         OutputSpec& spec) {
+  BranchPoint& bp = *path.back()->branch;
+  bool record;
+  {
+    std::lock_guard<std::mutex> lock(entry.tree_mutex_);
+    record = !bp.closed;
+  }
+  capture::ReplayPath replay;
+  std::vector<std::string> env_names = entry.input_names_;
+  env_names.resize(env.size());
+  for (Segment* s : path) {
+    replay.logs.push_back(&s->log);
+    replay.branches.push_back(&s->branch->record);
+    for (size_t i = 0; i < s->output_slots.size(); ++i) env_names[s->output_slots[i]] = s->output_names[i];
+  }
+  replay.keys = keys;
+  replay.record_after = record;
+
+  capture::Tracer tracer(options_.fullgraph);
+  for (size_t i = 0; i < args.tensors.size(); ++i) tracer.add_input(args.tensors[i], entry.input_names_.at(i));
+  add_module_state(tracer);
+  tracer.set_replay(std::move(replay), std::move(env), env_names);
+  std::vector<at::Tensor> outputs;
+  {
+    capture::Tracer::Activation active(tracer);
+    outputs = forward(spec);
+  }
+  if (!record) return outputs;
+  if (tracer.failed()) {
+    warn_once("trace:" + tracer.failure()->reason, tracer.failure()->reason + "; that branch runs eagerly");
+    return outputs;
+  }
+  auto records = tracer.finish_segments(outputs);
+  if (records.empty()) return outputs;
+
+  // Share what is already in the tree: walk the new chain down while it matches.
+  BranchPoint* attach = &bp;
+  std::vector<c10::IValue> key = keys.back();
+  size_t first_new = 0;
+  {
+    std::lock_guard<std::mutex> lock(entry.tree_mutex_);
+    while (first_new < records.size()) {
+      const std::string text = ir::to_text(records[first_new].gm->graph());
+      Segment* match = nullptr;
+      for (const auto& c : attach->children)
+        if (same_segment(*c, records[first_new], text)) match = c.get();
+      if (!match) break;
+      attach->remember(key, match);
+      if (!match->branch) {
+        first_new = records.size();
+        break;
+      }
+      key = records[first_new].branch->key;
+      attach = match->branch.get();
+      ++first_new;
+    }
+    if (first_new == records.size()) return outputs;
+    if (attach->children.size() >= options_.cache_size_limit) {
+      attach->closed = true;
+      record = false;
+    }
+  }
+  if (!record) {
+    warn_once("branch:" + attach->op_name,
+              "graph break on " + attach->op_name + " has " + std::to_string(options_.cache_size_limit) +
+                  " continuations (cache_size_limit); new values of it run the rest of the forward eagerly. "
+                  "Is the value read used as a number?");
+    return outputs;
+  }
+  std::string failure;
+  auto chain = compile_chain(records, first_new, tracer.slot_tensors(), failure);
+  if (!chain) {
+    warn_once("backend", failure + "; that branch runs eagerly");
+    return outputs;
+  }
+  leaf_of(chain.get())->spec = spec;
+  std::lock_guard<std::mutex> lock(entry.tree_mutex_);
+  Segment* head = chain.get();
+  attach->children.push_back(std::move(chain));
+  attach->remember(key, head);
+  return outputs;
 }
 
 size_t CompiledFunction::num_entries() const {

@@ -118,19 +118,31 @@ TEST(Tracer, ParametersBecomeGetAttrAndOtherTensorsConstants) {
   EXPECT_TRUE(tensors_equal(x * w + other, gm->forward({x})[0]));
 }
 
-TEST(Tracer, DataDependentHostReadFailsTheTrace) {
+TEST(Tracer, DataDependentHostReadEndsASegment) {
   Tracer t;
   auto x = torch::randn({3});
   t.add_input(x, "x");
+  torch::Tensor y;
   {
     Tracer::Activation a(t);
-    auto s = x.sum();
-    if (s.item<float>() > 0) x = x + 1;
-    (void)x.size(0);  // metadata reads are fine
+    auto s = x.abs().sum();
+    (void)x.exp();  // dead at the break: not carried to the next segment
+    y = s.item<float>() > 0 ? x * s : x;
+    (void)x.size(0);  // metadata reads are not breaks
   }
-  ASSERT_TRUE(t.failed());
-  EXPECT_THAT(t.failure()->reason, ::testing::HasSubstr("aten::item"));
-  EXPECT_EQ(t.failure()->op, "aten::item");
+  ASSERT_FALSE(t.failed());
+  auto segments = t.finish_segments({y});
+  ASSERT_EQ(segments.size(), 2u);
+  ASSERT_TRUE(segments[0].branch.has_value());
+  EXPECT_EQ(torchcompile::ir::op_target_name(segments[0].branch->op), "aten::item");
+  EXPECT_EQ(segments[0].branch->key.at(0).toDouble(), x.abs().sum().item<double>());
+  // The first segment hands the live sum to the second through a slot; exp died.
+  EXPECT_EQ(segments[0].output_slots.size(), 1u);
+  EXPECT_THAT(call_targets(*segments[0].gm), ::testing::ElementsAre("aten::abs", "aten::sum"));
+  EXPECT_THAT(call_targets(*segments[1].gm), ::testing::ElementsAre("aten::mul.Tensor"));
+  EXPECT_EQ(segments[1].input_slots, (std::vector<uint32_t>{0, segments[0].output_slots[0]}));
+  EXPECT_FALSE(segments[1].branch.has_value());
+  EXPECT_EQ(segments[0].log.size(), 3u) << "the log keeps dead ops: replay must match them";
 }
 
 TEST(Tracer, MetadataQueriesDoNotFail) {

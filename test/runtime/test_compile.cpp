@@ -108,26 +108,6 @@ TEST(Compile, PlaceholdersAreNamed) {
   EXPECT_THAT(cc.graphs()[0], ::testing::HasSubstr("%ys_1 "));
 }
 
-TEST(Compile, HostReadRunsEagerlyWithAWarning) {
-  CompileCounter cc;
-  int traced = 0;
-  auto toy = [&traced](torch::Tensor a, torch::Tensor b) {
-    ++traced;
-    auto x = a / (torch::abs(a) + 1);
-    if (b.sum().item<float>() < 0) b = b * -1;
-    return x * b;
-  };
-  auto fast = torch::compile(toy, cc.backend());
-  for (int i = 0; i < 20; ++i) {
-    auto a = torch::randn({10}), b = torch::randn({10});
-    EXPECT_TRUE(tensors_close(toy(a, b), fast(a, b)));
-  }
-  EXPECT_EQ(cc.frames(), 0) << "no graph may be compiled from a trace with a host read";
-  auto entry = fast.state().entries().front();
-  EXPECT_TRUE(entry->runs_eagerly());
-  EXPECT_THAT(entry->eager_reason(), ::testing::HasSubstr("aten::item"));
-}
-
 TEST(Compile, FullgraphTurnsAHostReadIntoAnError) {
   auto fast = torch::compile([](torch::Tensor a) { return a.sum().item<double>() > 0 ? a : -a; },
                              torchcompile::CompileOptions("eager").with_fullgraph());

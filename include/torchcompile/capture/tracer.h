@@ -1,15 +1,27 @@
-// The tracer: records every ATen operator the forward calls on this thread into a Graph.
+// The tracer: records every ATen operator the forward calls on this thread into graphs.
 //
 // A boxed fallback on compat::kTracingKey (a functionality key above Autograd) is included in
 // the dispatch TLS only on the tracing thread and only while a Tracer is active. It records the
 // operator, its constant arguments and which earlier values its tensor arguments are (tracked by
 // TensorImpl), then redispatches below itself with its own key excluded, so ops called from
 // inside other ops are not recorded twice. The traced call computes its real results.
+//
+// Graph breaks (ARCHITECTURE decision 3). A data-dependent host read (`item()`, `is_nonzero`,
+// `equal`, ...) ends the current graph *segment*: the tensors the forward still holds become
+// the segment's outputs, stored in numbered *slots* of the call's environment (inputs are slots
+// 0..n-1), the read is executed and its value becomes the key of a branch, and recording goes
+// on in a new segment whose placeholders read slots. A later call that reads a value with no
+// traced continuation re-runs the forward in *replay* mode: the ops of the already executed
+// segments are matched against their logs and answered from the environment (or with
+// placeholder tensors of the right metadata for values that were dead at the break) instead of
+// running again, so buffer mutations and random draws of the prefix happen once; after the
+// last known branch point recording resumes (or the forward continues untraced).
 #pragma once
 
 #include <torchcompile/ir/graph_module.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,25 +31,75 @@ namespace torchcompile::capture {
 /// runtime before the first trace.
 void register_tracing_fallback();
 
-/// Why a trace had to be abandoned (e.g. a data-dependent host read).
+/// Why a trace had to be abandoned.
 struct TraceFailure {
-  std::string reason;  ///< "data-dependent host read (aten::item) in the forward"
-  std::string op;      ///< the operator, `aten::item`
+  std::string reason;  ///< "a tensor sharing memory with an input ..."
+  std::string op;      ///< the operator, if one caused it
+};
+
+/// One recorded output of a logged op: where replay finds it.
+struct LoggedOutput {
+  int32_t slot = -1;       ///< the environment slot holding it, if it outlived its segment
+  int32_t alias_arg = -1;  ///< the argument it is (in-place and out= ops), if any
+  ir::TensorMeta meta;     ///< to make a stand-in for values that died inside the segment
+};
+
+/// Every op recorded in a segment, in call order (dead ones included): what replay matches.
+struct LoggedOp {
+  c10::OperatorHandle op;
+  std::vector<uint32_t> return_counts;
+  std::vector<LoggedOutput> outputs;
+};
+
+/// The host read that ended a segment, and the value it returned when traced.
+struct BranchRecord {
+  c10::OperatorHandle op;
+  std::vector<c10::IValue> stack_template;                  ///< constants; tensor positions hold None
+  std::vector<std::pair<uint32_t, uint32_t>> tensor_args;   ///< (stack index, slot)
+  std::vector<c10::IValue> key;                             ///< the read's results
+};
+
+/// A recorded graph segment.
+struct SegmentRecord {
+  std::unique_ptr<ir::GraphModule> gm;
+  std::vector<uint32_t> input_slots;   ///< slot read by each placeholder, in order
+  std::vector<uint32_t> output_slots;  ///< for a segment ending in a branch: slot of each output
+  std::vector<std::string> output_names;  ///< the name of each output slot (its node's name)
+  std::vector<LoggedOp> log;
+  std::optional<BranchRecord> branch;  ///< empty for the last segment (its outputs are results)
+};
+
+/// Whether two branch keys are the same value (doubles bitwise, NaN equal to NaN).
+bool same_key(const std::vector<c10::IValue>& a, const std::vector<c10::IValue>& b);
+/// `1.5`, `true`, ... for messages.
+std::string key_repr(const std::vector<c10::IValue>& key);
+
+/// The already compiled path a replay walks: the logs of its segments and the value each
+/// branch read returns (one more key than completed segments is allowed: the new value).
+struct ReplayPath {
+  std::vector<const std::vector<LoggedOp>*> logs;
+  std::vector<const BranchRecord*> branches;
+  std::vector<std::vector<c10::IValue>> keys;
+  bool record_after = true;  ///< after the last key: record a new segment, or run untraced
 };
 
 /// One trace. Not thread-safe: a Tracer belongs to the thread that activates it.
 class Tracer {
  public:
-  Tracer();
+  explicit Tracer(bool fullgraph = false);
   ~Tracer();
   Tracer(const Tracer&) = delete;
   Tracer& operator=(const Tracer&) = delete;
 
-  /// Declare a graph input (a placeholder) bound to the tensor `t`. An undefined tensor is
+  /// Declare a graph input bound to the tensor `t` (the next slot). An undefined tensor is
   /// allowed and never referenced.
   void add_input(const at::Tensor& t, const std::string& name);
   /// Declare module state: uses of `t` become get_attr nodes reading `qualified_name`.
   void add_attribute(const std::string& qualified_name, const at::Tensor& t, ir::AttributeKind kind);
+  /// Replay `path` first, with `env` holding the slots computed by the compiled segments of
+  /// this call (call before activation; inputs are still declared with add_input).
+  /// `env_names` names every slot (placeholders of later segments take these names).
+  void set_replay(ReplayPath path, std::vector<at::Tensor> env, const std::vector<std::string>& env_names);
 
   /// While alive, this thread's ATen calls are recorded into this tracer.
   class Activation {
@@ -58,15 +120,20 @@ class Tracer {
   /// Whether recording stopped early, and why.
   bool failed() const { return failure_ != nullptr; }
   const TraceFailure* failure() const { return failure_.get(); }
-
-  /// Finish: add the output node for `outputs` (each must be a traced value, an input, an
-  /// attribute, or becomes a constant), run dead-code elimination and lint, and return the
-  /// GraphModule. Only valid if !failed().
-  std::unique_ptr<ir::GraphModule> finish(const std::vector<at::Tensor>& outputs);
-
-  /// Stop recording: the rest of the forward runs untraced and finish() may not be called.
-  /// The first failure is kept.
+  /// Stop recording: the rest of the forward runs untraced. The first failure is kept.
   void fail(std::string reason, std::string op);
+
+  /// The segments recorded so far were ended by these host reads (for logs and explain).
+  size_t num_breaks() const;
+
+  /// Finish: close the last segment with `outputs` as its outputs, run dead-code elimination
+  /// and lint on every new segment, and return them in order (each but the last ends in a
+  /// branch). Only valid if !failed() and the forward was recorded to its end.
+  std::vector<SegmentRecord> finish_segments(const std::vector<at::Tensor>& outputs);
+  /// finish_segments for a trace without graph breaks: the single graph.
+  std::unique_ptr<ir::GraphModule> finish(const std::vector<at::Tensor>& outputs);
+  /// The tensors of every slot (example inputs of the segments).
+  const std::vector<at::Tensor>& slot_tensors() const;
 
   // Called by the dispatcher fallback.
   struct Impl;

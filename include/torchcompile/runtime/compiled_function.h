@@ -8,6 +8,7 @@
 #include <c10/util/SmallVector.h>
 
 #include <atomic>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -17,6 +18,10 @@
 namespace torch::nn {
 class Module;
 }
+namespace torchcompile::capture {
+class Tracer;
+struct SegmentRecord;
+}  // namespace torchcompile::capture
 
 namespace torchcompile {
 
@@ -61,30 +66,38 @@ struct OutputSpec {
 };
 
 class GuardSet;
-class TraceSession;
+struct Segment;
 
-/// A cache entry: the guards under which it is valid and what to run.
+/// Runs the user's forward (eagerly, or under the tracer set up by the caller) and returns its
+/// flattened outputs, recording the result's shape in the OutputSpec.
+using ForwardFn = std::function<std::vector<at::Tensor>(OutputSpec& spec)>;
+
+/// A cache entry: the guards under which it is valid and its trace tree: a compiled graph
+/// segment, and at each graph break the continuations keyed by the value the forward read.
 class CompiledEntry {
  public:
-  CompiledEntry(std::unique_ptr<GuardSet> guards, CompiledFn fn, OutputSpec spec,
-                std::shared_ptr<GraphModule> gm, std::string eager_reason);
+  CompiledEntry(std::unique_ptr<GuardSet> guards, std::unique_ptr<Segment> root, std::vector<std::string> input_names,
+                std::string eager_reason);
   ~CompiledEntry();
 
   /// Whether this entry runs the C++ forward eagerly (tracing failed, or the backend threw).
-  bool runs_eagerly() const { return !fn_; }
+  bool runs_eagerly() const { return root_ == nullptr; }
   const std::string& eager_reason() const { return eager_reason_; }
-  std::vector<at::Tensor> run(std::vector<at::Tensor> inputs) const { return fn_(std::move(inputs)); }
-  const OutputSpec& output_spec() const { return spec_; }
   const GuardSet& guards() const { return *guards_; }
-  /// The captured graph (null for an eager entry).
-  const std::shared_ptr<GraphModule>& graph_module() const { return gm_; }
+  /// The first graph segment's module (null for an eager entry).
+  std::shared_ptr<GraphModule> graph_module() const;
+  /// Compiled graphs in the trace tree.
+  size_t num_graphs() const;
+  /// Graph breaks (branch points) in the trace tree.
+  size_t num_breaks() const;
 
  private:
+  friend class CompiledFunction;
   std::unique_ptr<GuardSet> guards_;
-  CompiledFn fn_;
-  OutputSpec spec_;
-  std::shared_ptr<GraphModule> gm_;
+  std::unique_ptr<Segment> root_;
+  std::vector<std::string> input_names_;
   std::string eager_reason_;
+  mutable std::mutex tree_mutex_;  // guards the branch tables of the tree
 };
 
 /// The state shared by all copies of one compiled object.
@@ -95,17 +108,14 @@ class CompiledFunction {
   CompiledFunction(CompileOptions options, std::shared_ptr<torch::nn::Module> root, std::string name);
   ~CompiledFunction();
 
-  /// The entry whose guards accept `args`, most recently added first; nullptr on a miss.
+  /// One call: find the entry whose guards accept `args` (tracing a new one on a miss) and run
+  /// its trace tree; `forward` runs the user's forward when tracing, retracing a new branch,
+  /// or running eagerly. Returns the flattened outputs and sets `spec` to their shape.
+  std::vector<at::Tensor> call(const CallArgs& args, const ForwardFn& forward, OutputSpec& spec);
+
+  /// The entry whose guards accept `args`, most recently used first; nullptr on a miss.
   /// Once the cache is full, returns the shared eager entry (after warning once).
   std::shared_ptr<const CompiledEntry> lookup(const CallArgs& args);
-
-  /// Start tracing this call on the current thread; the caller then runs the forward and
-  /// hands its flattened outputs to finish_trace().
-  std::shared_ptr<TraceSession> begin_trace(const CallArgs& args);
-  /// Build the graph, compile it with the backend and insert the entry. Never throws for
-  /// expected events (a host read, a failing backend): those insert an eager entry and warn
-  /// once, unless `fullgraph` asks for an error.
-  void finish_trace(TraceSession& session, const std::vector<at::Tensor>& outputs, OutputSpec spec);
 
   const CompileOptions& options() const { return options_; }
   const std::string& name() const { return name_; }
@@ -115,13 +125,23 @@ class CompiledFunction {
   size_t num_entries() const;
   /// The entries, most recently used first.
   std::vector<std::shared_ptr<const CompiledEntry>> entries() const;
-  /// The reason the most recent miss happened, empty if none (the first call's is
-  /// "no cached entry").
+  /// The reason the most recent miss happened ("no cached entry" for the first call).
   std::string last_recompile_reason() const;
 
  private:
   Backend resolve_backend();
   void warn_once(const std::string& key, const std::string& message);
+  std::vector<at::Tensor> trace_new_entry(const CallArgs& args, const ForwardFn& forward, OutputSpec& spec);
+  std::vector<at::Tensor> run_entry(const CompiledEntry& entry, const CallArgs& args, const ForwardFn& forward,
+                                    OutputSpec& spec);
+  std::vector<at::Tensor> retrace_branch(const CompiledEntry& entry, const CallArgs& args,
+                                         const std::vector<Segment*>& path,
+                                         const std::vector<std::vector<c10::IValue>>& keys,
+                                         std::vector<at::Tensor> env, const ForwardFn& forward, OutputSpec& spec);
+  /// Compile recorded segments into a chain; on failure returns null and sets `failure`.
+  std::unique_ptr<Segment> compile_chain(std::vector<capture::SegmentRecord>& records, size_t from,
+                                         const std::vector<at::Tensor>& slots, std::string& failure);
+  void add_module_state(capture::Tracer& tracer) const;
 
   CompileOptions options_;
   std::shared_ptr<torch::nn::Module> root_;
