@@ -2,7 +2,9 @@
 // Nothing else in the project tests TORCH_VERSION_*.
 #pragma once
 
+#include <ATen/autocast_mode.h>
 #include <c10/core/DispatchKey.h>
+#include <c10/core/ScalarType.h>
 #include <torch/version.h>
 
 namespace torchcompile::compat {
@@ -16,5 +18,20 @@ constexpr int kTorchMinor = TORCH_VERSION_MINOR;
 /// it, registering a second one aborts at load time: change the choice here, per version, and
 /// test/capture's key test fails first.
 constexpr c10::DispatchKey kTracingKey = c10::DispatchKey::DeferredInit;
+
+/// CPU autocast state of the calling thread. LibTorch 2.4 generalized the per-device functions
+/// (`is_cpu_enabled()`, `get_autocast_cpu_dtype()`, ...) into `is_autocast_enabled(device)` and
+/// friends and deprecated the old names (they now warn on every call).
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+inline bool autocast_cpu_enabled() { return at::autocast::is_autocast_enabled(c10::DeviceType::CPU); }
+inline void set_autocast_cpu_enabled(bool on) { at::autocast::set_autocast_enabled(c10::DeviceType::CPU, on); }
+inline c10::ScalarType autocast_cpu_dtype() { return at::autocast::get_autocast_dtype(c10::DeviceType::CPU); }
+inline void set_autocast_cpu_dtype(c10::ScalarType t) { at::autocast::set_autocast_dtype(c10::DeviceType::CPU, t); }
+#else
+inline bool autocast_cpu_enabled() { return at::autocast::is_cpu_enabled(); }
+inline void set_autocast_cpu_enabled(bool on) { at::autocast::set_cpu_enabled(on); }
+inline c10::ScalarType autocast_cpu_dtype() { return at::autocast::get_autocast_cpu_dtype(); }
+inline void set_autocast_cpu_dtype(c10::ScalarType t) { at::autocast::set_autocast_cpu_dtype(t); }
+#endif
 
 }  // namespace torchcompile::compat

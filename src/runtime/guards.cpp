@@ -1,14 +1,74 @@
 #include "runtime/guards.h"
 
-#include <ATen/core/grad_mode.h>
-#include <c10/core/InferenceMode.h>
-#include <torch/nn/module.h>
+#include <torchcompile/compat.h>
 
+#include <ATen/Context.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/core/AutogradState.h>
+#include <c10/core/DefaultDtype.h>
+#include <c10/core/InferenceMode.h>
+#include <c10/core/ScalarTypeToTypeMeta.h>
+#include <c10/util/StringUtil.h>
+#include <torch/nn/module.h>
+#include <torch/ordered_dict.h>
+
+#include <functional>
 #include <sstream>
+#include <unordered_set>
 
 namespace torchcompile::runtime {
 
 namespace {
+
+// ---- reading a module's registries without copying them ------------------------------------
+//
+// torch::nn::Module keeps its registered parameters in `parameters_` (protected), and its
+// buffers and submodules in `buffers_` and `children_` (private). The public accessors
+// (named_parameters(), buffers(false), children(), ...) build a new vector or OrderedDict with
+// string keys on every call: far too slow for check(). We read the members themselves, through
+// member pointers obtained once, with two standard (if little-known) C++ idioms:
+//
+//  - `parameters_` is protected: a derived class may form a pointer to it by naming it through
+//    itself ([class.protected]: "if the access is to form a pointer to member, the
+//    nested-name-specifier shall denote C or a class derived from C"). The type of
+//    `&ParametersAccess::parameters_` is `OrderedDict Module::*` (the member belongs to Module),
+//    and applying a member pointer to a `const Module&` (`m.*p`) is not access-checked.
+//  - `buffers_` and `children_` are private: names used in an explicit instantiation are exempt
+//    from access checking ([temp.explicit]/12 in C++17, [temp.spec.general]/6 in C++20), so
+//    `template struct Grab<BuffersTag, &Module::buffers_>;` may name the member; the
+//    instantiation defines the friend function `get(BuffersTag)` that returns the pointer.
+//
+// Neither depends on the object layout or invokes undefined behaviour; if a future LibTorch
+// renames or retypes the members, this fails to compile (it does not misbehave). The members are
+// the same in LibTorch 1.13 and 2.x. We only read them.
+
+using TensorDict = torch::OrderedDict<std::string, at::Tensor>;
+using ModuleDict = torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>>;
+
+struct ParametersAccess : torch::nn::Module {
+  static TensorDict torch::nn::Module::*member() { return &ParametersAccess::parameters_; }
+};
+
+template <typename Tag, typename Tag::type Member>
+struct Grab {
+  friend typename Tag::type get(Tag) { return Member; }
+};
+struct BuffersTag {
+  using type = TensorDict torch::nn::Module::*;
+  friend type get(BuffersTag);
+};
+struct ChildrenTag {
+  using type = ModuleDict torch::nn::Module::*;
+  friend type get(ChildrenTag);
+};
+template struct Grab<BuffersTag, &torch::nn::Module::buffers_>;
+template struct Grab<ChildrenTag, &torch::nn::Module::children_>;
+
+inline const TensorDict& registered_parameters(const torch::nn::Module& m) { return m.*ParametersAccess::member(); }
+inline const TensorDict& registered_buffers(const torch::nn::Module& m) { return m.*get(BuffersTag{}); }
+inline const ModuleDict& registered_children(const torch::nn::Module& m) { return m.*get(ChildrenTag{}); }
+
+// ---- formatting --------------------------------------------------------------------------
 
 const char* kind_name(ArgItem::Kind k) {
   switch (k) {
@@ -31,6 +91,9 @@ std::string item_value(const ArgItem& it) {
   return os.str();
 }
 
+const char* b(bool v) { return v ? "true" : "false"; }
+const char* on(bool v) { return v ? "enabled" : "disabled"; }
+
 template <typename T>
 std::string join(const T& xs) {
   std::ostringstream os;
@@ -38,6 +101,22 @@ std::string join(const T& xs) {
   for (size_t i = 0; i < xs.size(); ++i) os << (i ? ", " : "") << xs[i];
   os << "]";
   return os.str();
+}
+
+std::string join(const int64_t* xs, size_t n) { return join(c10::IntArrayRef(xs, n)); }
+
+std::string qualify(const std::string& path, const std::string& key) { return path.empty() ? key : path + "." + key; }
+
+const std::string& display_path(const std::string& path) {
+  static const std::string root = "<root>";
+  return path.empty() ? root : path;
+}
+
+c10::Layout layout_of(c10::DispatchKeySet ks) {
+  if (ks.has(c10::DispatchKey::Sparse)) return c10::kSparse;
+  if (ks.has(c10::DispatchKey::SparseCsrCPU) || ks.has(c10::DispatchKey::SparseCsrCUDA)) return c10::kSparseCsr;
+  if (ks.has(c10::DispatchKey::MkldnnCPU)) return c10::kMkldnn;
+  return c10::kStrided;
 }
 
 }  // namespace
@@ -60,20 +139,28 @@ std::vector<std::string> tensor_input_names(const CallArgs& args, const std::vec
   return out;
 }
 
+// ---- build ---------------------------------------------------------------------------------
+
 std::unique_ptr<GuardSet> GuardSet::build(const CallArgs& args, const std::shared_ptr<torch::nn::Module>& root,
                                           std::vector<std::string> input_names) {
   auto g = std::make_unique<GuardSet>();
   g->items_ = args.items;
   g->tensor_names_ = tensor_input_names(args, input_names);
+  g->tensors_.reserve(args.tensors.size());
   for (size_t i = 0; i < args.tensors.size(); ++i) {
     const at::Tensor& t = args.tensors[i];
-    TensorGuard tg{t.defined(), c10::ScalarType::Undefined, c10::Device(c10::DeviceType::CPU), false, {}, {}};
-    if (t.defined()) {
-      tg.dtype = t.scalar_type();
+    TensorGuard tg;
+    tg.defined = t.defined();
+    if (tg.defined) {
+      tg.keys = t.key_set();
+      tg.dtype = t.dtype();
       tg.device = t.device();
       tg.requires_grad = t.requires_grad();
-      tg.sizes.assign(t.sizes().begin(), t.sizes().end());
-      if (t.layout() == c10::kStrided) tg.strides.assign(t.strides().begin(), t.strides().end());
+      tg.strided = t.layout() == c10::kStrided;
+      tg.ndim = static_cast<uint8_t>(t.dim());
+      tg.dims = static_cast<uint32_t>(g->dims_.size());
+      g->dims_.insert(g->dims_.end(), t.sizes().begin(), t.sizes().end());
+      if (tg.strided) g->dims_.insert(g->dims_.end(), t.strides().begin(), t.strides().end());
       for (size_t j = 0; j < i; ++j) {
         if (args.tensors[j].unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
           g->same_tensor_.emplace_back(static_cast<uint32_t>(j), static_cast<uint32_t>(i));
@@ -81,82 +168,245 @@ std::unique_ptr<GuardSet> GuardSet::build(const CallArgs& args, const std::share
         }
       }
     }
-    g->tensors_.push_back(std::move(tg));
+    g->tensors_.push_back(tg);
   }
+
   g->grad_mode_ = at::GradMode::is_enabled();
   g->inference_mode_ = c10::InferenceMode::is_enabled();
+  g->default_dtype_ = c10::get_default_dtype();
+  g->deterministic_ = at::globalContext().deterministicAlgorithms();
+  g->autocast_cpu_ = compat::autocast_cpu_enabled();
+  g->autocast_cpu_dtype_ = compat::autocast_cpu_dtype();
+
   if (root) {
-    for (const auto& item : root->named_modules(/*name_prefix=*/"", /*include_self=*/true))
-      g->modules_.push_back({item.value(), item.key().empty() ? std::string("<root>") : item.key(), item.value()->is_training()});
+    // Pre-order, each module once (a submodule registered twice is guarded at its first path).
+    std::unordered_set<const torch::nn::Module*> seen;
+    auto add_attrs = [&](const TensorDict& dict, const std::string& path, bool buffer) {
+      for (const auto& item : dict.items()) {
+        const at::Tensor& t = item.value();
+        AttrGuard a;
+        a.tensor = t;
+        a.buffer = buffer;
+        a.defined = t.defined();
+        if (a.defined) {
+          a.dtype = t.dtype();
+          a.device = t.device();
+          a.requires_grad = t.requires_grad();
+          a.ndim = static_cast<uint8_t>(t.dim());
+          a.dims = static_cast<uint32_t>(g->dims_.size());
+          g->dims_.insert(g->dims_.end(), t.sizes().begin(), t.sizes().end());
+        }
+        g->attrs_.push_back(std::move(a));
+        g->attr_names_.push_back(qualify(path, item.key()));
+      }
+    };
+    std::function<void(const std::shared_ptr<torch::nn::Module>&, const std::string&)> visit =
+        [&](const std::shared_ptr<torch::nn::Module>& m, const std::string& path) {
+          if (!seen.insert(m.get()).second) return;
+          ModuleGuard mg;
+          mg.module = m;
+          mg.training = m->is_training();
+          mg.params_begin = static_cast<uint32_t>(g->attrs_.size());
+          add_attrs(registered_parameters(*m), path, /*buffer=*/false);
+          mg.buffers_begin = static_cast<uint32_t>(g->attrs_.size());
+          add_attrs(registered_buffers(*m), path, /*buffer=*/true);
+          mg.attrs_end = static_cast<uint32_t>(g->attrs_.size());
+          const ModuleDict& kids = registered_children(*m);
+          mg.children_begin = static_cast<uint32_t>(g->children_.size());
+          for (const auto& kid : kids.items()) {
+            g->children_.push_back(kid.value().get());
+            g->child_names_.push_back(kid.key());
+          }
+          mg.children_end = static_cast<uint32_t>(g->children_.size());
+          g->modules_.push_back(std::move(mg));
+          g->module_paths_.push_back(path);
+          for (const auto& kid : kids.items()) visit(kid.value(), qualify(path, kid.key()));
+        };
+    visit(root, "");
   }
   return g;
 }
 
-bool GuardSet::check(const CallArgs& args) const { return evaluate(args, nullptr); }
+// ---- evaluation ----------------------------------------------------------------------------
+
+bool GuardSet::check(const CallArgs& args) const { return evaluate<false>(args, nullptr); }
 
 std::string GuardSet::failure_reason(const CallArgs& args) const {
   std::string reason;
-  evaluate(args, &reason);
+  evaluate<true>(args, &reason);
   return reason;
 }
 
-bool GuardSet::evaluate(const CallArgs& args, std::string* reason) const {
-  auto fail = [&](auto&&... parts) {
-    if (reason) {
-      std::ostringstream os;
-      (os << ... << parts);
-      *reason = os.str();
-    }
-    return false;
-  };
-  if (args.items.size() != items_.size())
-    return fail("argument count mismatch: expected ", items_.size(), ", got ", args.items.size());
-  for (size_t k = 0; k < items_.size(); ++k) {
-    const ArgItem& e = items_[k];
-    const ArgItem& a = args.items[k];
-    if (e.kind != a.kind) return fail("argument ", k, " type mismatch: expected ", kind_name(e.kind), ", got ", kind_name(a.kind));
-    if (!(e == a)) {
-      const char* what = e.kind == ArgItem::TensorList ? " length" : e.kind == ArgItem::Tensor ? " presence" : "";
-      return fail("argument ", k, what, " mismatch: expected ", item_value(e), ", got ", item_value(a));
-    }
-  }
-  if (args.tensors.size() != tensors_.size())
-    return fail("tensor input count mismatch: expected ", tensors_.size(), ", got ", args.tensors.size());
-  for (size_t i = 0; i < tensors_.size(); ++i) {
-    const TensorGuard& g = tensors_[i];
-    const at::Tensor& t = args.tensors[i];
-    const std::string& name = tensor_names_[i];
-    if (t.defined() != g.defined) return fail("tensor '", name, "' definedness mismatch");
-    if (!g.defined) continue;
-    if (t.scalar_type() != g.dtype) return fail("tensor '", name, "' dtype mismatch: expected ", g.dtype, ", got ", t.scalar_type());
-    if (t.device() != g.device) return fail("tensor '", name, "' device mismatch: expected ", g.device, ", got ", t.device());
-    if (t.requires_grad() != g.requires_grad)
-      return fail("tensor '", name, "' requires_grad mismatch: expected ", g.requires_grad, ", got ", t.requires_grad());
-    auto sizes = t.sizes();
-    if (sizes.size() != g.sizes.size())
-      return fail("tensor '", name, "' dimensionality mismatch: expected ", g.sizes.size(), ", got ", sizes.size());
-    for (size_t d = 0; d < sizes.size(); ++d)
-      if (sizes[d] != g.sizes[d])
-        return fail("tensor '", name, "' size mismatch at index ", d, ": expected ", g.sizes[d], ", got ", sizes[d]);
-    if (!g.strides.empty()) {
-      auto strides = t.strides();
-      for (size_t d = 0; d < strides.size(); ++d)
-        if (strides[d] != g.strides[d])
-          return fail("tensor '", name, "' stride mismatch at index ", d, ": expected ", g.strides[d], ", got ", strides[d]);
-    }
-  }
-  for (const auto& [i, j] : same_tensor_)
-    if (args.tensors[i].unsafeGetTensorImpl() != args.tensors[j].unsafeGetTensorImpl())
-      return fail("tensor '", tensor_names_[j], "' was the same tensor as '", tensor_names_[i], "' when traced");
-  if (at::GradMode::is_enabled() != grad_mode_)
-    return fail("grad mode mismatch: expected ", grad_mode_, ", got ", !grad_mode_);
-  if (c10::InferenceMode::is_enabled() != inference_mode_)
-    return fail("inference mode mismatch: expected ", inference_mode_, ", got ", !inference_mode_);
-  for (const ModuleGuard& m : modules_)
-    if (m.module->is_training() != m.training)
-      return fail("module '", m.path, "' training flag mismatch: expected ", m.training, ", got ", !m.training);
+// Without a reason (check()), a failing guard only returns false: the message arguments are
+// never evaluated and nothing allocates.
+#define TC_GUARD_FAIL(...)                                       \
+  do {                                                           \
+    if constexpr (kWithReason) *reason = c10::str(__VA_ARGS__); \
+    return false;                                                \
+  } while (0)
+
+template <bool kWithReason>
+bool GuardSet::check_attr(const AttrGuard& g, size_t index, const at::Tensor& t, std::string* reason) const {
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  const char* kind = g.buffer ? "buffer '" : "parameter '";
+  if (impl != g.tensor.unsafeGetTensorImpl()) TC_GUARD_FAIL(kind, attr_names_[index], "' was replaced (identity changed)");
+  if (!g.defined) return true;  // the undefined tensor is a singleton: identity covers it
+  if (impl->dtype() != g.dtype)
+    TC_GUARD_FAIL(kind, attr_names_[index], "' dtype mismatch: expected ", c10::typeMetaToScalarType(g.dtype), ", got ",
+                  c10::typeMetaToScalarType(impl->dtype()));
+  if (impl->device() != g.device)
+    TC_GUARD_FAIL(kind, attr_names_[index], "' device mismatch: expected ", g.device, ", got ", impl->device());
+  if (impl->requires_grad() != g.requires_grad)
+    TC_GUARD_FAIL(kind, attr_names_[index], "' requires_grad mismatch: expected ", b(g.requires_grad), ", got ",
+                  b(!g.requires_grad));
+  const c10::IntArrayRef sizes = impl->sizes();
+  if (sizes.size() != g.ndim)
+    TC_GUARD_FAIL(kind, attr_names_[index], "' dimensionality mismatch: expected ", int(g.ndim), ", got ", sizes.size());
+  const int64_t* expected = dims_.data() + g.dims;
+  for (size_t d = 0; d < sizes.size(); ++d)
+    if (sizes[d] != expected[d])
+      TC_GUARD_FAIL(kind, attr_names_[index], "' size mismatch at index ", d, ": expected ", expected[d], ", got ",
+                    sizes[d]);
   return true;
 }
+
+template <bool kWithReason>
+bool GuardSet::evaluate(const CallArgs& args, std::string* reason) const {
+  // 1. Argument structure and scalar values.
+  const size_t n_items = items_.size();
+  if (args.items.size() != n_items)
+    TC_GUARD_FAIL("argument count mismatch: expected ", n_items, ", got ", args.items.size());
+  for (size_t k = 0; k < n_items; ++k) {
+    const ArgItem& e = items_[k];
+    const ArgItem& a = args.items[k];
+    if (C10_UNLIKELY(!(e == a))) {
+      if (e.kind != a.kind)
+        TC_GUARD_FAIL("argument ", k, " type mismatch: expected ", kind_name(e.kind), ", got ", kind_name(a.kind));
+      const char* what = e.kind == ArgItem::TensorList ? " length" : e.kind == ArgItem::Tensor ? " presence" : "";
+      TC_GUARD_FAIL("argument ", k, what, " mismatch: expected ", item_value(e), ", got ", item_value(a));
+    }
+  }
+
+  // 2. Input tensors.
+  const size_t n_tensors = tensors_.size();
+  if (args.tensors.size() != n_tensors)
+    TC_GUARD_FAIL("tensor input count mismatch: expected ", n_tensors, ", got ", args.tensors.size());
+  const at::Tensor* inputs = args.tensors.data();
+  for (size_t i = 0; i < n_tensors; ++i) {
+    const TensorGuard& g = tensors_[i];
+    const at::Tensor& t = inputs[i];
+    if (t.defined() != g.defined) TC_GUARD_FAIL("tensor '", tensor_names_[i], "' definedness mismatch");
+    if (!g.defined) continue;
+    const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    if (impl->dtype() != g.dtype)
+      TC_GUARD_FAIL("tensor '", tensor_names_[i], "' dtype mismatch: expected ", c10::typeMetaToScalarType(g.dtype), ", got ",
+                    c10::typeMetaToScalarType(impl->dtype()));
+    if (impl->device() != g.device)
+      TC_GUARD_FAIL("tensor '", tensor_names_[i], "' device mismatch: expected ", g.device, ", got ", impl->device());
+    if (impl->key_set() != g.keys) {
+      if constexpr (kWithReason) {
+        const c10::Layout expected = layout_of(g.keys), actual = layout_of(impl->key_set());
+        if (expected != actual)
+          TC_GUARD_FAIL("tensor '", tensor_names_[i], "' layout mismatch: expected ", expected, ", got ", actual);
+      }
+      TC_GUARD_FAIL("tensor '", tensor_names_[i], "' dispatch key set mismatch: expected ", g.keys, ", got ",
+                    impl->key_set());
+    }
+    if (impl->requires_grad() != g.requires_grad)
+      TC_GUARD_FAIL("tensor '", tensor_names_[i], "' requires_grad mismatch: expected ", b(g.requires_grad), ", got ",
+                    b(!g.requires_grad));
+    const c10::IntArrayRef sizes = impl->sizes();
+    const size_t ndim = g.ndim;
+    if (sizes.size() != ndim)
+      TC_GUARD_FAIL("tensor '", tensor_names_[i], "' dimensionality mismatch: expected ", ndim, ", got ", sizes.size());
+    const int64_t* expected = dims_.data() + g.dims;
+    for (size_t d = 0; d < ndim; ++d)
+      if (sizes[d] != expected[d])
+        TC_GUARD_FAIL("tensor '", tensor_names_[i], "' size mismatch at index ", d, ": expected ", expected[d],
+                      ", got ", sizes[d]);
+    if (g.strided) {
+      const c10::IntArrayRef strides = impl->strides();
+      expected += ndim;
+      for (size_t d = 0; d < ndim; ++d)
+        if (strides[d] != expected[d])
+          TC_GUARD_FAIL("tensor '", tensor_names_[i], "' stride mismatch at index ", d, ": expected ", expected[d],
+                        ", got ", strides[d]);
+    }
+  }
+
+  // 3. Aliasing between inputs.
+  for (const auto& [i, j] : same_tensor_)
+    if (inputs[i].unsafeGetTensorImpl() != inputs[j].unsafeGetTensorImpl())
+      TC_GUARD_FAIL("tensor '", tensor_names_[j], "' was the same tensor as '", tensor_names_[i], "' when traced");
+
+  // 4. Global state that changes results.
+  // Inference mode first: it implies grad mode off, and is the more useful reason. Both live in
+  // one thread-local (what InferenceMode::is_enabled() and GradMode::is_enabled() read).
+  const c10::AutogradState& autograd = c10::AutogradState::get_tls_state();
+  if (autograd.get_inference_mode() != inference_mode_)
+    TC_GUARD_FAIL("inference mode mismatch: expected ", b(inference_mode_), ", got ", b(!inference_mode_));
+  if (autograd.get_grad_mode() != grad_mode_)
+    TC_GUARD_FAIL("grad mode mismatch: expected ", b(grad_mode_), ", got ", b(!grad_mode_));
+  if (c10::get_default_dtype() != default_dtype_)
+    TC_GUARD_FAIL("default dtype mismatch: expected ", c10::typeMetaToScalarType(default_dtype_), ", got ",
+                  c10::typeMetaToScalarType(c10::get_default_dtype()));
+  if (at::globalContext().deterministicAlgorithms() != deterministic_)
+    TC_GUARD_FAIL("deterministic algorithms mismatch: expected ", b(deterministic_), ", got ", b(!deterministic_));
+  if (compat::autocast_cpu_enabled() != autocast_cpu_)
+    TC_GUARD_FAIL("autocast (CPU) mismatch: expected ", on(autocast_cpu_), ", got ", on(!autocast_cpu_));
+  if (autocast_cpu_ && compat::autocast_cpu_dtype() != autocast_cpu_dtype_)
+    TC_GUARD_FAIL("autocast (CPU) dtype mismatch: expected ", autocast_cpu_dtype_, ", got ", compat::autocast_cpu_dtype());
+
+  // 5. Modules: training flag, submodules, parameters, buffers.
+  const size_t n_modules = modules_.size();
+  for (size_t mi = 0; mi < n_modules; ++mi) {
+    const ModuleGuard& mg = modules_[mi];
+    const torch::nn::Module& m = *mg.module;
+    if (m.is_training() != mg.training)
+      TC_GUARD_FAIL("module '", display_path(module_paths_[mi]), "' training flag mismatch: expected ", b(mg.training),
+                    ", got ", b(!mg.training));
+
+    const auto& kids = registered_children(m).items();
+    const size_t n_kids = mg.children_end - mg.children_begin;
+    if (kids.size() != n_kids)
+      TC_GUARD_FAIL("module '", display_path(module_paths_[mi]), "' submodule count mismatch: expected ", n_kids,
+                    ", got ", kids.size());
+    for (size_t k = 0; k < n_kids; ++k) {
+      if (kids[k].value().get() != children_[mg.children_begin + k]) {
+        const std::string& expected_name = child_names_[mg.children_begin + k];
+        if (kids[k].key() != expected_name)
+          TC_GUARD_FAIL("module '", display_path(module_paths_[mi]), "' submodule ", k, " changed: expected '",
+                        expected_name, "', got '", kids[k].key(), "'");
+        TC_GUARD_FAIL("submodule '", qualify(module_paths_[mi], expected_name), "' was replaced (identity changed)");
+      }
+    }
+
+    const auto& params = registered_parameters(m).items();
+    const size_t n_params = mg.buffers_begin - mg.params_begin;
+    if (params.size() != n_params)
+      TC_GUARD_FAIL("module '", display_path(module_paths_[mi]), "' parameter count mismatch: expected ", n_params,
+                    ", got ", params.size());
+    for (size_t k = 0; k < n_params; ++k) {
+      const size_t idx = mg.params_begin + k;
+      if (!check_attr<kWithReason>(attrs_[idx], idx, params[k].value(), reason)) return false;
+    }
+
+    const auto& buffers = registered_buffers(m).items();
+    const size_t n_buffers = mg.attrs_end - mg.buffers_begin;
+    if (buffers.size() != n_buffers)
+      TC_GUARD_FAIL("module '", display_path(module_paths_[mi]), "' buffer count mismatch: expected ", n_buffers,
+                    ", got ", buffers.size());
+    for (size_t k = 0; k < n_buffers; ++k) {
+      const size_t idx = mg.buffers_begin + k;
+      if (!check_attr<kWithReason>(attrs_[idx], idx, buffers[k].value(), reason)) return false;
+    }
+  }
+  return true;
+}
+
+#undef TC_GUARD_FAIL
+
+// ---- describe ------------------------------------------------------------------------------
 
 std::vector<std::string> GuardSet::describe() const {
   std::vector<std::string> out;
@@ -172,16 +422,43 @@ std::vector<std::string> GuardSet::describe() const {
     if (!g.defined) {
       os << "undefined";
     } else {
-      os << g.dtype << ", " << g.device << ", sizes " << join(g.sizes) << ", strides " << join(g.strides)
-         << ", requires_grad " << g.requires_grad;
+      const int64_t* d = dims_.data() + g.dims;
+      os << c10::typeMetaToScalarType(g.dtype) << ", " << g.device << ", " << layout_of(g.keys) << ", sizes " << join(d, g.ndim);
+      if (g.strided) os << ", strides " << join(d + g.ndim, g.ndim);
+      os << ", requires_grad " << b(g.requires_grad);
     }
     out.push_back(os.str());
   }
   for (const auto& [i, j] : same_tensor_)
     out.push_back("tensor '" + tensor_names_[j] + "' is tensor '" + tensor_names_[i] + "'");
-  out.push_back(std::string("grad mode ") + (grad_mode_ ? "enabled" : "disabled"));
-  out.push_back(std::string("inference mode ") + (inference_mode_ ? "enabled" : "disabled"));
-  for (const ModuleGuard& m : modules_) out.push_back("module '" + m.path + "' training=" + (m.training ? "true" : "false"));
+  out.push_back(std::string("inference mode ") + on(inference_mode_));
+  out.push_back(std::string("grad mode ") + on(grad_mode_));
+  out.push_back(c10::str("default dtype ", c10::typeMetaToScalarType(default_dtype_)));
+  out.push_back(std::string("deterministic algorithms ") + on(deterministic_));
+  out.push_back(autocast_cpu_ ? c10::str("autocast (CPU) enabled, dtype ", autocast_cpu_dtype_)
+                              : std::string("autocast (CPU) disabled"));
+  for (size_t mi = 0; mi < modules_.size(); ++mi) {
+    const ModuleGuard& mg = modules_[mi];
+    const std::string& path = display_path(module_paths_[mi]);
+    out.push_back("module '" + path + "' training=" + b(mg.training));
+    if (mg.children_end > mg.children_begin) {
+      std::vector<std::string> names(child_names_.begin() + mg.children_begin, child_names_.begin() + mg.children_end);
+      out.push_back("module '" + path + "' submodules " + join(names) + " (identity)");
+    }
+    for (size_t idx = mg.params_begin; idx < mg.attrs_end; ++idx) {
+      const AttrGuard& a = attrs_[idx];
+      std::ostringstream os;
+      os << (a.buffer ? "buffer '" : "parameter '") << attr_names_[idx] << "': ";
+      if (!a.defined) {
+        os << "undefined";
+      } else {
+        os << c10::typeMetaToScalarType(a.dtype) << ", " << a.device << ", sizes " << join(dims_.data() + a.dims, a.ndim)
+           << ", requires_grad " << b(a.requires_grad);
+      }
+      os << ", identity " << static_cast<const void*>(a.tensor.unsafeGetTensorImpl());
+      out.push_back(os.str());
+    }
+  }
   return out;
 }
 

@@ -1,11 +1,31 @@
 // The guards of a cache entry: a flat, ordered list of cheap checks built when the entry was
 // traced. check() is the hot path; failure_reason() explains the first failing check.
+//
+// The checks, in evaluation order (describe() lists them in the same order):
+//   1. the argument structure and scalar values (scalars are specialized);
+//   2. each input tensor: definedness, dtype, device, dispatch key set (layout, conj/neg bits,
+//      inference tensor), requires_grad, dim, sizes, strides;
+//   3. which inputs were the same tensor;
+//   4. global state that changes results: inference mode, grad mode, default dtype,
+//      deterministic-algorithms flag, CPU autocast (enabled; its dtype only while enabled);
+//   5. for every module under the root (pre-order, each module once): its training flag, its
+//      registered submodules (identity, in order), and its registered parameters and buffers:
+//      identity (the TensorImpl, held so its address cannot be reused), dtype, device,
+//      requires_grad and sizes.
+// Not guarded: global state that cannot change a CPU result (thread counts, the CUDA autocast
+// state while no CUDA tensor is involved), values and version counters of parameters (an
+// in-place optimizer step keeps the entry), and module members that were assigned without
+// registering them (`module->weight = t`): LibTorch itself (parameters(), the optimizer,
+// serialization) does not see those either; re-register or use set_data.
 #pragma once
 
 #include <torchcompile/runtime/compiled_function.h>
 
+#include <c10/core/DispatchKeySet.h>
 #include <c10/util/SmallVector.h>
+#include <c10/util/typeid.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,12 +36,13 @@ class GuardSet {
  public:
   /// Guards for a call with `args` to the compiled object whose root module is `root` (may
   /// be null): the argument structure and scalar values; each input tensor's dtype, device,
-  /// sizes, strides and requires_grad; which inputs are the same tensor; grad mode and
-  /// inference mode; the training flag of every module under `root`.
+  /// sizes, strides and requires_grad; which inputs are the same tensor; grad mode, inference
+  /// mode, default dtype, deterministic algorithms and autocast; the training flag, submodules,
+  /// parameters and buffers of every module under `root`.
   static std::unique_ptr<GuardSet> build(const CallArgs& args, const std::shared_ptr<torch::nn::Module>& root,
                                          std::vector<std::string> input_names);
 
-  /// Whether a call with `args` may use the entry.
+  /// Whether a call with `args` may use the entry. Allocation-free.
   bool check(const CallArgs& args) const;
   /// The first failing check, described: `tensor 'x' size mismatch at index 0: expected 64, got
   /// 32`. Empty if all pass.
@@ -29,31 +50,66 @@ class GuardSet {
   /// One line per guard, for logs.
   std::vector<std::string> describe() const;
 
+  /// Number of guarded input tensors, modules and registered parameters + buffers.
+  size_t num_tensors() const { return tensors_.size(); }
+  size_t num_modules() const { return modules_.size(); }
+  size_t num_attributes() const { return attrs_.size(); }
+
  private:
+  // An input tensor. Sizes (then strides, if strided) live in dims_ from `dims`.
   struct TensorGuard {
-    bool defined;
-    c10::ScalarType dtype;
+    c10::DispatchKeySet keys;
+    caffe2::TypeMeta dtype;
     c10::Device device = c10::Device(c10::DeviceType::CPU);
-    bool requires_grad;
-    c10::SmallVector<int64_t, 6> sizes;
-    c10::SmallVector<int64_t, 6> strides;
+    uint32_t dims = 0;
+    uint8_t ndim = 0;
+    bool defined = false;
+    bool requires_grad = false;
+    bool strided = false;
+  };
+  // A registered parameter or buffer of one module. Sizes live in dims_ from `dims`.
+  struct AttrGuard {
+    at::Tensor tensor;  // the registered tensor (identity; keeps the TensorImpl alive)
+    caffe2::TypeMeta dtype;
+    c10::Device device = c10::Device(c10::DeviceType::CPU);
+    uint32_t dims = 0;
+    uint8_t ndim = 0;
+    bool defined = false;
+    bool requires_grad = false;
+    bool buffer = false;  // a buffer, else a parameter
   };
   struct ModuleGuard {
     std::shared_ptr<torch::nn::Module> module;
-    std::string path;
     bool training;
+    uint32_t params_begin, buffers_begin, attrs_end;  // into attrs_: [params)[buffers)
+    uint32_t children_begin, children_end;            // into children_
   };
 
-  // Fills `reason` (if non-null) and returns false at the first failing check.
+  template <bool kWithReason>
   bool evaluate(const CallArgs& args, std::string* reason) const;
+  template <bool kWithReason>
+  bool check_attr(const AttrGuard& g, size_t index, const at::Tensor& t, std::string* reason) const;
 
+  // Hot data.
   c10::SmallVector<ArgItem, 8> items_;
   std::vector<TensorGuard> tensors_;
-  std::vector<std::string> tensor_names_;
+  std::vector<int64_t> dims_;
   std::vector<std::pair<uint32_t, uint32_t>> same_tensor_;  // (i, j): input j is input i
   bool grad_mode_ = true;
   bool inference_mode_ = false;
+  bool deterministic_ = false;
+  bool autocast_cpu_ = false;
+  c10::ScalarType autocast_cpu_dtype_ = c10::ScalarType::BFloat16;  // checked only if autocast_cpu_
+  caffe2::TypeMeta default_dtype_;
   std::vector<ModuleGuard> modules_;
+  std::vector<AttrGuard> attrs_;
+  std::vector<const torch::nn::Module*> children_;  // each module's registered submodules, in order
+
+  // Cold data: names for reasons and describe().
+  std::vector<std::string> tensor_names_;
+  std::vector<std::string> module_paths_;  // "<root>", "fc", "block.0"
+  std::vector<std::string> attr_names_;    // qualified: "fc.weight"
+  std::vector<std::string> child_names_;   // parallel to children_
 };
 
 /// Placeholder names for the flattened tensors of `args`: `names[k]` names argument k (a list

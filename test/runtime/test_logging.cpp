@@ -1,0 +1,135 @@
+// TORCHCOMPILE_LOGS: parsing, set_logs() overriding the environment, and what log() prints.
+#include "support/test_util.h"
+
+#include "runtime/logging.h"
+
+#include <thread>
+
+namespace tcr = torchcompile::runtime;
+using tcr::LogKind;
+using ::testing::HasSubstr;
+
+namespace {
+
+uint32_t bits(std::initializer_list<LogKind> kinds) {
+  uint32_t m = 0;
+  for (LogKind k : kinds) m |= static_cast<uint32_t>(k);
+  return m;
+}
+
+// Restores the environment-driven state after each test.
+struct Logging : ::testing::Test {
+  void TearDown() override {
+    tcr::set_logs("");
+    tcr::reset_logs();
+  }
+};
+
+TEST_F(Logging, ParsesCommaListsAllAndPlusNames) {
+  EXPECT_EQ(tcr::parse_log_spec(""), 0u);
+  EXPECT_EQ(tcr::parse_log_spec("recompiles"), bits({LogKind::Recompiles}));
+  EXPECT_EQ(tcr::parse_log_spec("recompiles,guards,graph,graph_breaks"),
+            bits({LogKind::Recompiles, LogKind::Guards, LogKind::Graph, LogKind::GraphBreaks}));
+  EXPECT_EQ(tcr::parse_log_spec(" graph , graph_breaks ,"), bits({LogKind::Graph, LogKind::GraphBreaks}));
+  EXPECT_EQ(tcr::parse_log_spec("+guards"), bits({LogKind::Guards}));
+  EXPECT_EQ(tcr::parse_log_spec("all"), tcr::parse_log_spec("recompiles,guards,graph,graph_breaks"));
+  EXPECT_EQ(tcr::parse_log_spec("+all"), tcr::parse_log_spec("all"));
+  // "graph" is not a prefix match of "graph_breaks" and vice versa.
+  EXPECT_EQ(tcr::parse_log_spec("graph"), bits({LogKind::Graph}));
+}
+
+TEST_F(Logging, UnknownNamesAreReportedAndIgnored) {
+  std::vector<std::string> unknown;
+  EXPECT_EQ(tcr::parse_log_spec("recompiles,dynamo,Guards", &unknown), bits({LogKind::Recompiles}));
+  EXPECT_EQ(unknown, (std::vector<std::string>{"dynamo", "Guards"}));
+  EXPECT_EQ(tcr::valid_log_names(), "recompiles, guards, graph, graph_breaks, all");
+}
+
+TEST_F(Logging, SetLogsOverridesAndResetRereadsTheEnvironment) {
+  tc_test::ScopedEnv env("TORCHCOMPILE_LOGS", "guards");
+  tcr::reset_logs();
+  EXPECT_TRUE(tcr::log_enabled(LogKind::Guards));
+  EXPECT_FALSE(tcr::log_enabled(LogKind::Recompiles));
+
+  tcr::set_logs("recompiles,graph");
+  EXPECT_TRUE(tcr::log_enabled(LogKind::Recompiles));
+  EXPECT_TRUE(tcr::log_enabled(LogKind::Graph));
+  EXPECT_FALSE(tcr::log_enabled(LogKind::Guards));
+  EXPECT_FALSE(tcr::log_enabled(LogKind::GraphBreaks));
+
+  tcr::set_logs("");
+  for (LogKind k : {LogKind::Recompiles, LogKind::Guards, LogKind::Graph, LogKind::GraphBreaks})
+    EXPECT_FALSE(tcr::log_enabled(k)) << tcr::log_kind_name(k);
+
+  tcr::reset_logs();  // back to the environment
+  EXPECT_TRUE(tcr::log_enabled(LogKind::Guards));
+}
+
+TEST_F(Logging, OffWithoutTheVariable) {
+  tc_test::ScopedEnv env("TORCHCOMPILE_LOGS", nullptr);
+  tcr::reset_logs();
+  for (LogKind k : {LogKind::Recompiles, LogKind::Guards, LogKind::Graph, LogKind::GraphBreaks})
+    EXPECT_FALSE(tcr::log_enabled(k)) << tcr::log_kind_name(k);
+}
+
+TEST_F(Logging, UnknownNamesInTheEnvironmentWarnOnceListingValidNames) {
+  tc_test::ScopedEnv env("TORCHCOMPILE_LOGS", "recompiles,bogus");
+  ::testing::internal::CaptureStderr();
+  tcr::reset_logs();
+  EXPECT_TRUE(tcr::log_enabled(LogKind::Recompiles));  // reads the variable
+  EXPECT_TRUE(tcr::log_enabled(LogKind::Recompiles));  // does not read it again
+  EXPECT_FALSE(tcr::log_enabled(LogKind::Graph));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(err,
+            "[torchcompile] warning: TORCHCOMPILE_LOGS: unknown log name 'bogus' ignored; valid names: recompiles, "
+            "guards, graph, graph_breaks, all\n");
+}
+
+TEST_F(Logging, LogWritesPrefixedBlocksToStderr) {
+  ::testing::internal::CaptureStderr();
+  tcr::log(LogKind::Recompiles, "tensor 'x' size mismatch at index 0: expected 64, got 32");
+  tcr::log(LogKind::Graph, "graph():\n    %x : [#users=1] = placeholder[target=x]\n");
+  const std::string out = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(out,
+            "[torchcompile:recompiles] tensor 'x' size mismatch at index 0: expected 64, got 32\n"
+            "[torchcompile:graph] graph():\n    %x : [#users=1] = placeholder[target=x]\n");
+}
+
+TEST_F(Logging, MacroEvaluatesItsMessageOnlyWhenEnabled) {
+  int evaluated = 0;
+  auto message = [&] {
+    ++evaluated;
+    return std::string("hello");
+  };
+  tcr::set_logs("guards");
+  ::testing::internal::CaptureStderr();
+  TORCHCOMPILE_LOG(LogKind::Recompiles, message());
+  TORCHCOMPILE_LOG(LogKind::Guards, message(), " ", 42);
+  const std::string out = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(evaluated, 1);
+  EXPECT_EQ(out, "[torchcompile:guards] hello 42\n");
+}
+
+TEST_F(Logging, ConcurrentMessagesDoNotInterleave) {
+  tcr::set_logs("all");
+  ::testing::internal::CaptureStderr();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([t] {
+      for (int i = 0; i < 50; ++i) TORCHCOMPILE_LOG(LogKind::GraphBreaks, "thread ", t, " line ", i, "\nsecond line");
+    });
+  for (auto& th : threads) th.join();
+  const std::string out = ::testing::internal::GetCapturedStderr();
+  std::istringstream is(out);
+  std::string first, second;
+  int blocks = 0;
+  while (std::getline(is, first)) {
+    ASSERT_TRUE(std::getline(is, second));
+    EXPECT_THAT(first, ::testing::StartsWith("[torchcompile:graph_breaks] thread "));
+    EXPECT_EQ(second, "second line");
+    ++blocks;
+  }
+  EXPECT_EQ(blocks, 200);
+}
+
+}  // namespace
