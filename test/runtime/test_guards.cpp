@@ -4,6 +4,8 @@
 // checks that are awkward to reach through a traced forward.
 #include "support/test_util.h"
 
+#include <gmock/gmock.h>
+
 #include "runtime/guards.h"
 
 #include <torchcompile/compat.h>
@@ -510,7 +512,6 @@ TEST(GuardSetDirect, DescribeListsEveryKind) {
 TEST(GuardSetDirect, HoldsReplacedParametersSoTheirAddressCannotBeReused) {
   auto aff = Affine(4);
   auto g = GuardSet::build(args_of({torch::randn({4})}), aff.ptr(), {"x"});
-  std::weak_ptr<int> unused;
   const c10::TensorImpl* old_impl = aff->w.unsafeGetTensorImpl();
   aff->replace_w(torch::randn({4}));
   // Even if the allocator hands the freed address out again, the guard still holds the old

@@ -1,6 +1,8 @@
 // TORCHCOMPILE_LOGS: parsing, set_logs() overriding the environment, and what log() prints.
 #include "support/test_util.h"
 
+#include <gmock/gmock.h>
+
 #include "runtime/logging.h"
 
 #include <thread>
