@@ -3,6 +3,7 @@
 #include <torchcompile/capture/tracer.h>
 
 #include "runtime/guards.h"
+#include "runtime/logging.h"
 
 #include <torchcompile/ir/printer.h>
 
@@ -191,6 +192,9 @@ std::shared_ptr<const CompiledEntry> CompiledFunction::lookup(const CallArgs& ar
     return entries_.front();
   }
   last_reason_ = entries_.empty() ? "no cached entry" : entries_.front()->guards().failure_reason(args);
+  if (!entries_.empty())
+    TORCHCOMPILE_LOG(LogKind::Recompiles, "torch::compile(", name_, "): recompiling: ", last_reason_, " (",
+                     entries_.size(), " cached entries)");
   if (entries_.size() < options_.cache_size_limit) return nullptr;
   if (!overflow_entry_)
     overflow_entry_ =
@@ -227,6 +231,7 @@ std::unique_ptr<Segment> CompiledFunction::compile_chain(std::vector<capture::Se
     auto seg = std::make_unique<Segment>();
     seg->gm = std::shared_ptr<GraphModule>(std::move(r.gm));
     seg->text = ir::to_text(seg->gm->graph());
+    TORCHCOMPILE_LOG(LogKind::Graph, "torch::compile(", name_, "): captured graph:\n", seg->text);
     seg->input_slots = r.input_slots;
     seg->output_slots = r.output_slots;
     seg->output_names = r.output_names;
@@ -240,7 +245,11 @@ std::unique_ptr<Segment> CompiledFunction::compile_chain(std::vector<capture::Se
       failure = "backend '" + options_.backend + "' failed to compile: " + e.what();
     }
     if (!failure.empty()) return nullptr;
-    if (r.branch) seg->branch = std::make_unique<BranchPoint>(*r.branch);
+    if (r.branch) {
+      TORCHCOMPILE_LOG(LogKind::GraphBreaks, "torch::compile(", name_, "): graph break: data-dependent host read ",
+                       ir::op_target_name(r.branch->op), " returned ", capture::key_repr(r.branch->key));
+      seg->branch = std::make_unique<BranchPoint>(*r.branch);
+    }
     chain.push_back(std::move(seg));
   }
   for (size_t i = chain.size() - 1; i-- > 0;) {
@@ -265,6 +274,11 @@ std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, 
   }
   auto insert = [&](std::unique_ptr<Segment> root, std::string eager_reason) {
     auto entry = std::make_shared<CompiledEntry>(std::move(guards), std::move(root), names, std::move(eager_reason));
+    if (log_enabled(LogKind::Guards)) {
+      std::string msg = "torch::compile(" + name_ + "): guards of the new entry:";
+      for (const auto& line : entry->guards().describe()) msg += "\n  " + line;
+      runtime::log(LogKind::Guards, msg);
+    }
     std::lock_guard<std::mutex> lock(mutex_);
     entries_.insert(entries_.begin(), std::move(entry));
   };
@@ -272,6 +286,7 @@ std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, 
   if (!tracer.failed()) records = tracer.finish_segments(outputs);  // may fail on an output
   if (tracer.failed()) {
     const capture::TraceFailure& f = *tracer.failure();
+    TORCHCOMPILE_LOG(LogKind::GraphBreaks, "torch::compile(", name_, "): trace abandoned: ", f.reason);
     warn_once("trace:" + f.reason, f.reason + "; this input signature runs eagerly");
     insert(nullptr, f.reason);
     return outputs;

@@ -2,6 +2,8 @@
 // take the branch keyed by the value read; a new value retraces without repeating the prefix.
 #include "support/test_util.h"
 
+#include "runtime/logging.h"
+
 using tc_test::CompileCounter;
 using tc_test::tensors_close;
 using tc_test::tensors_equal;
@@ -147,6 +149,28 @@ TEST(GraphBreaks, SeveralBreaksInOneForward) {
   }
   auto entry = fast.state().entries().front();
   EXPECT_GE(entry->num_breaks(), 3u);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(GraphBreaks, LogsShowBreaksGraphsAndRecompiles) {
+  torchcompile::runtime::set_logs("graph_breaks,recompiles,graph,guards");
+  auto fast = torch::compile(&toy_example, "eager");
+  ::testing::internal::CaptureStderr();
+  fast(torch::ones({10}), torch::ones({10}));
+  fast(torch::ones({10}), -torch::ones({10}));
+  fast(torch::ones({12}), torch::ones({12}));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  torchcompile::runtime::reset_logs();
+  EXPECT_THAT(err, ::testing::HasSubstr("[torchcompile:graph_breaks]"));
+  EXPECT_THAT(err, ::testing::HasSubstr("graph break: data-dependent host read aten::item returned 10"));
+  EXPECT_THAT(err, ::testing::HasSubstr("[torchcompile:graph]"));
+  EXPECT_THAT(err, ::testing::HasSubstr("aten::abs"));
+  EXPECT_THAT(err, ::testing::HasSubstr("[torchcompile:recompiles]"));
+  EXPECT_THAT(err, ::testing::HasSubstr("tensor 'arg0' size mismatch at index 0: expected 10, got 12"));
+  EXPECT_THAT(err, ::testing::HasSubstr("[torchcompile:guards]"));
 }
 
 }  // namespace
