@@ -16,10 +16,12 @@
 #include <torchcompile/ir/graph_module.h>
 #include <torchcompile/runtime/compile_options.h>
 #include <torchcompile/runtime/compiled_function.h>
+#include <torchcompile/runtime/explain.h>
 
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <iostream>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -210,6 +212,20 @@ Compiled<ModuleForward<Impl>> compile(const torch::nn::ModuleHolder<Impl>& holde
 template <typename F, typename = std::enable_if_t<!detail::is_module_like_v<std::decay_t<F>>>>
 Compiled<std::decay_t<F>> compile(F&& fn, CompileOptions options = {}) {
   return Compiled<std::decay_t<F>>(std::forward<F>(fn), nullptr, std::move(options), "function");
+}
+
+/// What torch._dynamo.explain reports: compile `target` with a recording backend, call it once
+/// with `inputs`, and return (and print to stdout) the number of graphs, the graph breaks with
+/// their reasons, the ops of each graph, and the guards.
+template <typename T, typename... Args>
+ExplainOutput explain(T&& target, Args&&... inputs) {
+  auto compiled = compile(std::forward<T>(target), CompileOptions("eager"));
+  compiled(std::forward<Args>(inputs)...);
+  auto entries = compiled.state().entries();
+  TORCH_CHECK(!entries.empty(), "explain: the call produced no cache entry");
+  ExplainOutput out = runtime::explain_entry(*entries.front());
+  std::cout << out.str();
+  return out;
 }
 
 }  // namespace torchcompile

@@ -158,6 +158,22 @@ size_t CompiledEntry::num_breaks() const {
   return root_ ? root_->count_breaks() : 0;
 }
 
+namespace {
+void visit_segment(const Segment& s, const std::function<void(const GraphModule&)>& on_graph,
+                   const std::function<void(const std::string&, const std::string&)>& on_break) {
+  on_graph(*s.gm);
+  if (!s.branch) return;
+  on_break(s.branch->op_name, capture::key_repr(s.branch->record.key));
+  for (const auto& c : s.branch->children) visit_segment(*c, on_graph, on_break);
+}
+}  // namespace
+
+void CompiledEntry::visit(const std::function<void(const GraphModule& graph)>& on_graph,
+                          const std::function<void(const std::string& op, const std::string& value)>& on_break) const {
+  std::lock_guard<std::mutex> lock(tree_mutex_);
+  if (root_) visit_segment(*root_, on_graph, on_break);
+}
+
 // ---- the compiled object ------------------------------------------------------------------------
 
 CompiledFunction::CompiledFunction(CompileOptions options, std::shared_ptr<torch::nn::Module> root, std::string name)
@@ -208,8 +224,17 @@ std::shared_ptr<const CompiledEntry> CompiledFunction::lookup(const CallArgs& ar
 }
 
 std::vector<at::Tensor> CompiledFunction::call(const CallArgs& args, const ForwardFn& forward, OutputSpec& spec) {
+  // Called from a forward being traced (or replayed): run inline, so the enclosing trace
+  // records (or matches) this forward's ops as its own.
+  if (capture::Tracer::current() != nullptr) return forward(spec);
   auto entry = lookup(args);
+  if (entry && entry->runs_eagerly()) return forward(spec);
+  if (entry) return run_entry(*entry, args, forward, spec);
+  // A miss: one thread traces, the others wait for it and then use its entry.
+  std::unique_lock<std::mutex> tracing(trace_mutex_);
+  entry = lookup(args);
   if (!entry) return trace_new_entry(args, forward, spec);
+  tracing.unlock();
   if (entry->runs_eagerly()) return forward(spec);
   return run_entry(*entry, args, forward, spec);
 }
@@ -332,7 +357,16 @@ std::vector<at::Tensor> CompiledFunction::run_entry(const CompiledEntry& entry, 
     }
     path.push_back(const_cast<Segment*>(seg));
     keys.push_back(std::move(key));
-    if (!next) return retrace_branch(entry, args, path, keys, std::move(env), forward, spec);
+    if (!next) {
+      // One retrace at a time per compiled object; a thread that waited may find the branch
+      // traced by the one before it and go on.
+      std::unique_lock<std::mutex> tracing(trace_mutex_);
+      {
+        std::lock_guard<std::mutex> lock(entry.tree_mutex_);
+        next = seg->branch->find(keys.back());
+      }
+      if (!next) return retrace_branch(entry, args, path, keys, std::move(env), forward, spec);
+    }
     seg = next;
   }
 }

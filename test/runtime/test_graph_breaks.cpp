@@ -174,3 +174,35 @@ TEST(GraphBreaks, LogsShowBreaksGraphsAndRecompiles) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Explain, ReportsGraphsBreaksOpsAndGuards) {
+  ::testing::internal::CaptureStdout();
+  auto e = torchcompile::explain(&toy_example, torch::ones({10}), -torch::ones({10}));
+  const std::string printed = ::testing::internal::GetCapturedStdout();
+  EXPECT_EQ(e.graph_count, 2u);
+  EXPECT_EQ(e.graph_break_count, 1u);
+  ASSERT_EQ(e.break_reasons.size(), 1u);
+  EXPECT_THAT(e.break_reasons[0], ::testing::HasSubstr("aten::item"));
+  EXPECT_THAT(e.break_reasons[0], ::testing::HasSubstr("-10"));
+  ASSERT_EQ(e.ops_per_graph.size(), 2u);
+  EXPECT_THAT(e.ops_per_graph[0], ::testing::ElementsAre("aten::abs", "aten::add.Scalar", "aten::div.Tensor", "aten::sum"));
+  EXPECT_THAT(e.ops_per_graph[1], ::testing::ElementsAre("aten::mul.Scalar", "aten::mul.Tensor"));
+  EXPECT_EQ(e.op_count, 6u);
+  EXPECT_FALSE(e.guards.empty());
+  EXPECT_THAT(printed, ::testing::HasSubstr("Graph Count: 2"));
+  EXPECT_THAT(printed, ::testing::HasSubstr("Graph Break Count: 1"));
+  EXPECT_THAT(printed, ::testing::HasSubstr("Out Guards:"));
+}
+
+TEST(Explain, ModuleWithoutBreaks) {
+  ::testing::internal::CaptureStdout();
+  auto e = torchcompile::explain(torch::nn::Linear(3, 2), torch::randn({4, 3}));
+  ::testing::internal::GetCapturedStdout();
+  EXPECT_EQ(e.graph_count, 1u);
+  EXPECT_EQ(e.graph_break_count, 0u);
+  EXPECT_GE(e.op_count, 1u);
+}
+
+}  // namespace

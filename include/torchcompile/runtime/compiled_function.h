@@ -90,6 +90,9 @@ class CompiledEntry {
   size_t num_graphs() const;
   /// Graph breaks (branch points) in the trace tree.
   size_t num_breaks() const;
+  /// Visit the tree depth first: each graph, and each break (its host read and first value).
+  void visit(const std::function<void(const GraphModule& graph)>& on_graph,
+             const std::function<void(const std::string& op, const std::string& value)>& on_break) const;
 
  private:
   friend class CompiledFunction;
@@ -149,6 +152,7 @@ class CompiledFunction {
   Backend backend_;
 
   mutable std::mutex mutex_;
+  std::mutex trace_mutex_;  // held while tracing or retracing; never while running an entry
   std::vector<std::shared_ptr<const CompiledEntry>> entries_;
   std::shared_ptr<const CompiledEntry> overflow_entry_;
   std::string last_reason_;

@@ -1,0 +1,22 @@
+# Configure, build and run test_runtime's concurrency tests with ThreadSanitizer.
+# LibTorch itself is not instrumented; OpenMP is limited to one thread so its uninstrumented
+# pool does not appear as a race, and the project's own synchronization is what is checked.
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${BINARY_DIR} -G ${GENERATOR}
+                        -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER_LAUNCHER=${LAUNCHER}
+                        -DTORCHCOMPILE_SANITIZE=thread -DTORCHCOMPILE_BUILD_EXAMPLES=OFF
+                        -DTORCHCOMPILE_BUILD_BENCHMARKS=OFF
+                RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "tsan: configure failed")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${BINARY_DIR} --target test_runtime RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "tsan: build failed")
+endif()
+set(ENV{OMP_NUM_THREADS} 1)
+set(ENV{TORCHCOMPILE_STRESS_CALLS} 200)
+set(ENV{TSAN_OPTIONS} "halt_on_error=1 second_deadlock_stack=1")
+execute_process(COMMAND ${BINARY_DIR}/test/test_runtime --gtest_filter=Threads.*:GraphBreaks.* RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "tsan: test_runtime failed under ThreadSanitizer (exit ${rc})")
+endif()
