@@ -154,11 +154,11 @@ class Compiled {
     using R = decltype(callable_(args...));
     runtime::CallArgs ca;
     (detail::add_arg(ca, args), ...);
-    // Runs the forward when the runtime needs it: to trace, to retrace a new branch, or eagerly.
-    // It runs at most once per call, so the arguments are passed on as they came.
+    // Runs the forward when the runtime needs it: to trace, to retrace a new branch, eagerly,
+    // or twice in verify mode, so the arguments are passed as lvalues (never moved from).
     runtime::ForwardFn forward = [&](runtime::OutputSpec& spec) {
       std::vector<at::Tensor> flat;
-      detail::OutputCodec<R>::flatten(callable_(std::forward<Args>(args)...), flat, spec);
+      detail::OutputCodec<R>::flatten(callable_(args...), flat, spec);
       return flat;
     };
     runtime::OutputSpec spec;

@@ -12,7 +12,14 @@
 #include <c10/util/Exception.h>
 #include <torch/nn/module.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/equal.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <sstream>
 #include <optional>
 
 namespace torchcompile {
@@ -179,6 +186,8 @@ void CompiledEntry::visit(const std::function<void(const GraphModule& graph)>& o
 CompiledFunction::CompiledFunction(CompileOptions options, std::shared_ptr<torch::nn::Module> root, std::string name)
     : options_(std::move(options)), root_(std::move(root)), name_(std::move(name)) {
   capture::register_tracing_fallback();
+  const char* verify_env = std::getenv("TORCHCOMPILE_VERIFY");
+  verify_ = options_.verify || (verify_env != nullptr && std::string(verify_env) == "1");
   // Resolve now so a misspelt backend name fails at torch::compile, not at the first call.
   backend_ = resolve_backend();
 }
@@ -227,6 +236,72 @@ std::vector<at::Tensor> CompiledFunction::call(const CallArgs& args, const Forwa
   // Called from a forward being traced (or replayed): run inline, so the enclosing trace
   // records (or matches) this forward's ops as its own.
   if (capture::Tracer::current() != nullptr) return forward(spec);
+  if (verify_) return call_verified(args, forward, spec);
+  return call_compiled(args, forward, spec);
+}
+
+std::vector<at::Tensor> CompiledFunction::call_verified(const CallArgs& args, const ForwardFn& forward,
+                                                        OutputSpec& spec) {
+  // Snapshot what the forward may change: inputs, module state, the random generator.
+  std::vector<at::Tensor> inputs_before;
+  std::vector<std::pair<at::Tensor, at::Tensor>> state_before;
+  {
+    at::NoGradGuard no_grad;
+    for (const at::Tensor& t : args.tensors) inputs_before.push_back(t.defined() ? t.clone() : at::Tensor());
+    if (root_) {
+      for (const auto& p : root_->named_parameters(/*recurse=*/true)) state_before.emplace_back(p.value(), p.value().clone());
+      for (const auto& b : root_->named_buffers(/*recurse=*/true))
+        if (b.value().defined()) state_before.emplace_back(b.value(), b.value().clone());
+    }
+  }
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  at::Tensor rng_before;
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    rng_before = gen.get_state();
+  }
+  OutputSpec eager_spec;
+  std::vector<at::Tensor> expected = forward(eager_spec);
+  {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < inputs_before.size(); ++i)
+      if (inputs_before[i].defined()) args.tensors[i].copy_(inputs_before[i]);
+    for (auto& [live, saved] : state_before) live.copy_(saved);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(rng_before);
+  }
+  std::vector<at::Tensor> actual = call_compiled(args, forward, spec);
+  std::string mismatch;
+  if (expected.size() != actual.size()) {
+    mismatch = "the compiled call returned " + std::to_string(actual.size()) + " tensors, eager " +
+               std::to_string(expected.size());
+  }
+  for (size_t i = 0; mismatch.empty() && i < expected.size(); ++i) {
+    const at::Tensor &e = expected[i], &a = actual[i];
+    std::ostringstream os;
+    if (e.sizes() != a.sizes() || e.scalar_type() != a.scalar_type()) {
+      os << "output " << i << ": eager gives " << e.scalar_type() << e.sizes() << ", compiled " << a.scalar_type()
+         << a.sizes();
+    } else if (at::isFloatingType(e.scalar_type()) ? !at::allclose(e, a, 1e-4, 1e-5, /*equal_nan=*/true)
+                                                   : !at::equal(e, a)) {
+      os << "output " << i << " differs from eager: max abs difference "
+         << (e.to(at::kDouble) - a.to(at::kDouble)).abs().max().item<double>();
+    }
+    mismatch = os.str();
+  }
+  if (!mismatch.empty()) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (verify_failure_.empty()) verify_failure_ = mismatch;
+    }
+    TORCH_WARN("torch::compile(", name_, ") verify: ", mismatch,
+               ". Does the forward depend on host state the trace cannot see (ARCHITECTURE decision 4)?");
+  }
+  return actual;
+}
+
+std::vector<at::Tensor> CompiledFunction::call_compiled(const CallArgs& args, const ForwardFn& forward,
+                                                        OutputSpec& spec) {
   auto entry = lookup(args);
   if (entry && entry->runs_eagerly()) return forward(spec);
   if (entry) return run_entry(*entry, args, forward, spec);
@@ -466,6 +541,11 @@ size_t CompiledFunction::num_entries() const {
 std::vector<std::shared_ptr<const CompiledEntry>> CompiledFunction::entries() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return entries_;
+}
+
+std::string CompiledFunction::verify_failure() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return verify_failure_;
 }
 
 std::string CompiledFunction::last_recompile_reason() const {

@@ -161,3 +161,48 @@ TEST(Compile, ReturningAnInputOrParameterDirectly) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Verify, CatchesHostStateTheTraceCannotSee) {
+  int mode = 0;
+  auto fast = torch::compile([&mode](torch::Tensor a) { return mode == 0 ? a + 1 : a * 2; },
+                             torchcompile::CompileOptions("eager").with_verify());
+  auto x = torch::randn({5});
+  fast(x);
+  EXPECT_EQ(fast.state().verify_failure(), "");
+  mode = 1;  // the compiled graph still computes a + 1
+  fast(x);
+  EXPECT_THAT(fast.state().verify_failure(), ::testing::HasSubstr("output 0 differs from eager"));
+}
+
+TEST(Verify, StatefulForwardPassesAndIsNotAppliedTwice) {
+  auto seq = torch::nn::Sequential(torch::nn::Linear(6, 6), torch::nn::BatchNorm1d(6), torch::nn::Dropout(0.5));
+  auto reference = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(seq->clone());
+  auto fast = torch::compile(seq, torchcompile::CompileOptions("eager").with_verify());
+  for (int i = 0; i < 4; ++i) {
+    auto x = torch::randn({8, 6});
+    torch::manual_seed(i);
+    auto expected = reference->forward(x);
+    torch::manual_seed(i);
+    auto actual = fast(x);
+    EXPECT_TRUE(tc_test::tensors_equal(expected, actual));
+  }
+  EXPECT_EQ(fast.state().verify_failure(), "");
+  auto bn = std::dynamic_pointer_cast<torch::nn::BatchNorm1dImpl>(seq[1]);
+  auto bn_ref = std::dynamic_pointer_cast<torch::nn::BatchNorm1dImpl>((*reference)[1]);
+  EXPECT_TRUE(tc_test::tensors_equal(bn_ref->running_mean, bn->running_mean));
+  EXPECT_EQ(bn->num_batches_tracked.item<int64_t>(), 4);
+}
+
+TEST(Verify, EnvironmentSwitch) {
+  tc_test::ScopedEnv env("TORCHCOMPILE_VERIFY", "1");
+  int mode = 0;
+  auto fast = torch::compile([&mode](torch::Tensor a) { return mode == 0 ? a.sin() : a.cos(); }, "eager");
+  fast(torch::ones({2}));
+  mode = 1;
+  fast(torch::ones({2}));
+  EXPECT_THAT(fast.state().verify_failure(), ::testing::HasSubstr("differs"));
+}
+
+}  // namespace

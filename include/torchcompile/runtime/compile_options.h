@@ -23,8 +23,14 @@ struct CompileOptions {
   /// Names of the placeholders, one per flattened tensor input (a `std::vector<Tensor>`
   /// argument named `xs` gives `xs_0`, `xs_1`, ...). Defaults: `arg0`, `arg1`, ...
   std::vector<std::string> input_names;
-  /// Cached entries per compiled object; beyond it the call warns once and runs eagerly.
+  /// Cached entries per compiled object (and continuations per graph break); beyond it the
+  /// call warns once and runs eagerly.
   size_t cache_size_limit = 8;
+  /// Run eager LibTorch next to every compiled call (on the same inputs, with the module's
+  /// state and the random generator restored in between) and warn about the first output that
+  /// differs beyond tolerance: catches forwards whose host logic the trace cannot see
+  /// (ARCHITECTURE decision 4). Also switched on by TORCHCOMPILE_VERIFY=1. Slow: for debugging.
+  bool verify = false;
 
   CompileOptions() = default;
   CompileOptions(const char* name) : backend(name) {}
@@ -39,6 +45,7 @@ struct CompileOptions {
   CompileOptions& with_fullgraph(bool on = true) { fullgraph = on; return *this; }
   CompileOptions& with_input_names(std::vector<std::string> names) { input_names = std::move(names); return *this; }
   CompileOptions& with_cache_size_limit(size_t n) { cache_size_limit = n; return *this; }
+  CompileOptions& with_verify(bool on = true) { verify = on; return *this; }
 };
 
 }  // namespace torchcompile

@@ -130,10 +130,14 @@ class CompiledFunction {
   std::vector<std::shared_ptr<const CompiledEntry>> entries() const;
   /// The reason the most recent miss happened ("no cached entry" for the first call).
   std::string last_recompile_reason() const;
+  /// In verify mode: the first mismatch found so far (empty if none).
+  std::string verify_failure() const;
 
  private:
   Backend resolve_backend();
   void warn_once(const std::string& key, const std::string& message);
+  std::vector<at::Tensor> call_compiled(const CallArgs& args, const ForwardFn& forward, OutputSpec& spec);
+  std::vector<at::Tensor> call_verified(const CallArgs& args, const ForwardFn& forward, OutputSpec& spec);
   std::vector<at::Tensor> trace_new_entry(const CallArgs& args, const ForwardFn& forward, OutputSpec& spec);
   std::vector<at::Tensor> run_entry(const CompiledEntry& entry, const CallArgs& args, const ForwardFn& forward,
                                     OutputSpec& spec);
@@ -157,6 +161,8 @@ class CompiledFunction {
   std::shared_ptr<const CompiledEntry> overflow_entry_;
   std::string last_reason_;
   std::vector<std::string> warned_;
+  bool verify_ = false;
+  std::string verify_failure_;
 };
 
 }  // namespace runtime
