@@ -111,6 +111,47 @@ Case& oneop() {
   return c;
 }
 
+// A module whose forward does nothing: the whole cost of a compiled call (guards, cache hit,
+// an empty graph) against calling its forward directly.
+struct NoOpImpl : torch::nn::Module {
+  torch::Tensor forward(torch::Tensor x) { return x; }
+};
+TORCH_MODULE(NoOp);
+
+Case& noop() {
+  static Case c = [] {
+    NoOp m;
+    auto fast = std::make_shared<decltype(torch::compile(m, "eager"))>(torch::compile(m, "eager"));
+    Case k{[m](const torch::Tensor& x) mutable { return m->forward(x); }, [fast](const torch::Tensor& x) { return (*fast)(x); },
+           torch::randn({8, 8}), {}};
+    k.check();
+    return k;
+  }();
+  return c;
+}
+
+// M7: seed 000's toy_example with its data-dependent branch (a graph break). `b` is fixed, so
+// every call takes an already traced branch: the cost of a break on the hit path. (With a new
+// float every call the branch value is never known and the forward re-runs; see README.)
+torch::Tensor toy_example(torch::Tensor a, torch::Tensor b) {
+  auto x = a / (torch::abs(a) + 1);
+  if (b.sum().item<float>() < 0) b = b * -1;
+  return x * b;
+}
+
+Case& m7() {
+  static Case c = [] {
+    torch::manual_seed(0);
+    auto b = torch::randn({10});
+    auto fast = std::make_shared<decltype(torch::compile(toy_example, "eager"))>(torch::compile(toy_example, "eager"));
+    Case k{[b](const torch::Tensor& x) { return toy_example(x, b); }, [fast, b](const torch::Tensor& x) { return (*fast)(x, b); },
+           torch::randn({10}), {}};
+    k.check();
+    return k;
+  }();
+  return c;
+}
+
 // ---- measurement -----------------------------------------------------------------------------
 
 double median(std::vector<double> v) {
@@ -206,6 +247,14 @@ BENCHMARK(BM_M8_Chain50_Eager)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_M8_Chain50_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_M1_MLP_Eager)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_M1_MLP_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
+void BM_NoOp_Eager(benchmark::State& s) { run_eager(s, noop); }
+void BM_NoOp_Compiled(benchmark::State& s) { run_compiled(s, noop, "NoOp module (8,8)"); }
+void BM_M7_Toy_Eager(benchmark::State& s) { run_eager(s, m7); }
+void BM_M7_Toy_Compiled(benchmark::State& s) { run_compiled(s, m7, "M7 toy_example (10,)"); }
+BENCHMARK(BM_NoOp_Eager)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_NoOp_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_M7_Toy_Eager)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_M7_Toy_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_OneOp_Eager)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_OneOp_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
