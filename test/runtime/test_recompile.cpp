@@ -137,4 +137,22 @@ TEST(Recompile, CacheSizeLimitFallsBackToEager) {
   EXPECT_EQ(cc.frames(), 2);
 }
 
+TEST(Recompile, CacheSizeLimitWarnsOnceNamingTheModuleAndTheLastReason) {
+  CompileCounter cc;
+  auto net = std::make_shared<Net>();
+  net->eval();
+  auto fast = torch::compile(net, torchcompile::CompileOptions(cc.backend()).with_cache_size_limit(1).with_input_names({"x"}));
+  fast(torch::randn({2, 8}));
+  ::testing::internal::CaptureStderr();
+  fast(torch::randn({3, 8}));
+  fast(torch::randn({4, 8}));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(err, ::testing::HasSubstr("cache_size_limit (1) reached"));
+  EXPECT_THAT(err, ::testing::HasSubstr("torch::compile(" + net->name() + ")"));
+  EXPECT_THAT(err, ::testing::HasSubstr("tensor 'x' size mismatch at index 0: expected 2, got 3"));
+  const auto first = err.find("cache_size_limit");
+  EXPECT_EQ(err.find("cache_size_limit", first + 1), std::string::npos) << "warned once: " << err;
+  EXPECT_EQ(cc.frames(), 1);
+}
+
 }  // namespace
