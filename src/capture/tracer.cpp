@@ -42,19 +42,9 @@ bool is_metadata_query(const c10::OperatorName& name) {
   return names.count(name.name) != 0;
 }
 
-bool is_tensor_type(const c10::TypePtr& t) { return t->kind() == c10::TypeKind::TensorType; }
-
-// Tensor, Tensor?, Tensor[], Tensor?[]: the return kinds a graph value can carry.
-bool is_tensor_like(const c10::TypePtr& t) {
-  if (is_tensor_type(t)) return true;
-  if (auto opt = t->cast<c10::OptionalType>()) return is_tensor_type(opt->getElementType());
-  if (auto list = t->cast<c10::ListType>()) return is_tensor_like(list->getElementType());
-  return false;
-}
-
 bool returns_only_tensors(const c10::FunctionSchema& schema) {
   for (const auto& r : schema.returns())
-    if (!is_tensor_like(r.type())) return false;
+    if (!ir::is_tensor_like_type(r.type())) return false;
   return true;
 }
 
@@ -236,7 +226,7 @@ struct Tracer::Impl {
       out = ir::Argument(*val);
       return true;
     }
-    if (is_tensor_like(schema_arg.type()) && v.isList()) {
+    if (ir::is_tensor_like_type(schema_arg.type()) && v.isList()) {
       std::vector<std::optional<ir::Value>> list;
       for (const c10::IValue& e : v.toListRef()) {
         if (e.isNone() || (e.isTensor() && !e.toTensor().defined())) {
@@ -397,7 +387,7 @@ struct Tracer::Impl {
     std::vector<uint32_t> forced_positions;
     for (size_t i = 0; i < args.size(); ++i) {
       if (!args[i].isTensor() || !args[i].toTensor().defined()) {
-        if (!args[i].isTensor() && is_tensor_like(schema.arguments()[i].type()) && !args[i].isNone()) {
+        if (!args[i].isTensor() && ir::is_tensor_like_type(schema.arguments()[i].type()) && !args[i].isNone()) {
           owner->fail("graph break on " + name + " with a tensor-list argument is not supported", name);
           redispatch_below_tracer(op, ks, stack);
           return;
@@ -432,7 +422,7 @@ struct Tracer::Impl {
     const auto& schema = op.schema();
     const std::string name = ir::op_target_name(op);
     const std::vector<LoggedOp>& seg = *path.logs.at(replay_segment);
-    TORCH_CHECK(replay_op_index_ok(seg) && same_op(seg[replay_index].op, op),
+    TORCH_CHECK(replay_index < seg.size() && same_op(seg[replay_index].op, op),
                 "torch::compile: while re-running the forward to trace a new branch, it called ", name,
                 " where the trace recorded ",
                 replay_index < seg.size() ? ir::op_target_name(seg[replay_index].op) : std::string("the end of a segment"),
@@ -477,8 +467,6 @@ struct Tracer::Impl {
       }
     }
   }
-
-  bool replay_op_index_ok(const std::vector<LoggedOp>& seg) const { return replay_index < seg.size(); }
 
   // The host read ending a replayed segment: answer with the known (or this call's) value.
   void replay_branch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {

@@ -65,21 +65,6 @@ std::string op_base_name(const c10::OperatorHandle& op) {
   return pos == std::string::npos ? full : full.substr(pos + 2);
 }
 
-bool is_tensor_type(const c10::TypePtr& t) { return t->kind() == c10::TypeKind::TensorType; }
-
-bool is_optional_tensor_type(const c10::TypePtr& t) {
-  auto opt = t->cast<c10::OptionalType>();
-  return opt && is_tensor_type(opt->getElementType());
-}
-
-// Tensor[] or Tensor?[].
-bool is_tensor_list_type(const c10::TypePtr& t) {
-  auto list = t->cast<c10::ListType>();
-  if (!list) return false;
-  const auto& e = list->getElementType();
-  return is_tensor_type(e) || is_optional_tensor_type(e);
-}
-
 bool is_list_return(const c10::Argument& r) { return r.type()->kind() == c10::TypeKind::ListType; }
 
 std::string describe(const Node* n) {
@@ -579,6 +564,20 @@ void Graph::set_insert_point(Node* n) {
   TORCH_INTERNAL_ASSERT(it != nodes_.end(), "node '", n->name_, "' claims this graph but is not in it");
   insert_at_end_ = false;
   insert_point_ = it;
+}
+
+bool is_tensor_type(const c10::TypePtr& t) { return t->kind() == c10::TypeKind::TensorType; }
+
+bool is_optional_tensor_type(const c10::TypePtr& t) {
+  auto opt = t->cast<c10::OptionalType>();
+  return opt && is_tensor_type(opt->getElementType());
+}
+
+bool is_tensor_list_type(const c10::TypePtr& t) {
+  auto list = t->cast<c10::ListType>();
+  if (!list) return false;
+  const auto& e = list->getElementType();
+  return is_tensor_type(e) || is_optional_tensor_type(e);
 }
 
 }  // namespace torchcompile::ir

@@ -10,8 +10,6 @@ namespace {
 
 constexpr int32_t kNone = -1;
 
-bool schema_type_is_optional(const c10::TypePtr& t) { return t->kind() == c10::TypeKind::OptionalType; }
-
 }  // namespace
 
 struct Interpreter::Plan {
@@ -117,13 +115,13 @@ Interpreter::Interpreter(const GraphModule& gm) : plan_(std::make_unique<Plan>()
           } else if (a.is_value()) {
             uint32_t s = slot(a.value());
             note_use(s);
-            step.tensor_args.push_back({static_cast<uint32_t>(i), s, schema_type_is_optional(type)});
+            step.tensor_args.push_back({static_cast<uint32_t>(i), s, is_optional_tensor_type(type)});
           } else {
             Plan::ListArg la;
             la.stack_index = static_cast<uint32_t>(i);
             auto list_type = type->cast<c10::ListType>();
             TORCH_INTERNAL_ASSERT(list_type, "interpreter: list argument for non-list parameter of ", n->name());
-            la.optional_elements = schema_type_is_optional(list_type->getElementType());
+            la.optional_elements = is_optional_tensor_type(list_type->getElementType());
             for (const auto& e : a.list()) {
               if (!e) {
                 la.slots.push_back(kNone);

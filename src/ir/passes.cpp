@@ -43,11 +43,6 @@ std::string describe(const Node& n) {
 #define LINT_CHECK(cond, node, ...) \
   TORCH_CHECK(cond, "lint: ", __VA_ARGS__, "\n  offending node: ", describe(node))
 
-bool is_tensor_type(const c10::TypePtr& t) { return t->kind() == c10::TypeKind::TensorType; }
-bool is_optional_tensor_type(const c10::TypePtr& t) {
-  auto opt = t->cast<c10::OptionalType>();
-  return opt && is_tensor_type(opt->getElementType());
-}
 
 void check_call_function(const Node& n) {
   const auto& schema = n.schema();
@@ -62,8 +57,7 @@ void check_call_function(const Node& n) {
       ok = a.is_value();
     } else if (is_optional_tensor_type(t)) {
       ok = a.is_value() || (a.is_constant() && a.constant().isNone());
-    } else if (auto list = t->cast<c10::ListType>();
-               list && (is_tensor_type(list->getElementType()) || is_optional_tensor_type(list->getElementType()))) {
+    } else if (is_tensor_list_type(t)) {
       ok = a.is_list();
     } else {
       ok = a.is_constant();

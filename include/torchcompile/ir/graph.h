@@ -178,6 +178,14 @@ std::string op_target_name(const c10::OperatorHandle& op);
 /// The handle for `aten::add.Tensor` / `aten::cos`; throws a c10::Error naming the target when
 /// no such operator is registered.
 c10::OperatorHandle find_op(const std::string& target);
+/// Schema types that carry graph values: `Tensor`, `Tensor?`, and `Tensor[]` / `Tensor?[]`.
+bool is_tensor_type(const c10::TypePtr& t);
+bool is_optional_tensor_type(const c10::TypePtr& t);
+bool is_tensor_list_type(const c10::TypePtr& t);
+/// Any of the three.
+inline bool is_tensor_like_type(const c10::TypePtr& t) {
+  return is_tensor_type(t) || is_optional_tensor_type(t) || is_tensor_list_type(t);
+}
 /// True if calling this operator draws from a random generator (dropout, bernoulli, rand*...).
 bool op_is_random(const c10::OperatorHandle& op);
 /// True if the operator's schema writes to one of its arguments (`add_`, `out=` variants).

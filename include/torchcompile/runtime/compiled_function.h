@@ -25,13 +25,6 @@ struct SegmentRecord;
 
 namespace torchcompile {
 
-/// Why a call did not (or could not) use a compiled graph. Values, not crashes: reported in
-/// warnings and logs.
-struct GraphBreak {
-  std::string reason;  ///< "data-dependent host read: aten::item"
-  std::string op;      ///< the operator that caused it, if any
-};
-
 namespace runtime {
 
 /// One flattened argument of a call: its kind and, for scalars, its value (scalars are
