@@ -139,6 +139,9 @@ struct Tracer::Impl {
   size_t replay_segment = 0;
   size_t replay_index = 0;
 
+  // Module paths of the enclosing torchcompile::call boundaries, innermost last.
+  std::vector<std::string> module_stack;
+
   void track_memory(const at::Tensor& t) {
     if (!t.has_storage() || t.storage().data() == nullptr) return;
     auto begin = reinterpret_cast<uintptr_t>(t.storage().data());
@@ -270,7 +273,8 @@ struct Tracer::Impl {
     for (size_t i = 0; i < args.size(); ++i)
       if (!to_argument(args[i], schema.arguments()[i], ir_args[i])) return;
 
-    LoggedOp entry{op, {}, {}};
+    LoggedOp entry;
+    entry.op = op;
     std::vector<at::Tensor> produced = flatten_returns(returns, schema.returns().size(), entry.return_counts);
     std::vector<ir::TensorMeta> metas;
     for (const at::Tensor& t : produced) {
@@ -283,6 +287,7 @@ struct Tracer::Impl {
       entry.outputs.push_back(std::move(lo));
     }
     ir::Node* node = gm->graph().call_function(op, std::move(ir_args), std::move(metas), entry.return_counts);
+    if (!module_stack.empty()) node->set_module_path(module_stack.back());
     log_index[node] = log.size();
     log.push_back(std::move(entry));
     for (size_t i = 0; i < produced.size(); ++i)
@@ -308,7 +313,9 @@ struct Tracer::Impl {
       for (const auto& [weak, impl] : weak_values) {
         if (!seen.insert(impl).second) continue;
         auto it = values.find(impl);
-        if (it == values.end() || it->second.node->kind() != ir::NodeKind::CallFunction) continue;
+        if (it == values.end() || (it->second.node->kind() != ir::NodeKind::CallFunction &&
+                                   it->second.node->kind() != ir::NodeKind::CallModule))
+          continue;
         auto strong = weak.lock();
         if (!strong) continue;
         const ir::Value& v = it->second;
@@ -417,40 +424,50 @@ struct Tracer::Impl {
     done.back().branch = std::move(branch);
   }
 
+  // The outputs of a logged op or module call, without running it: from the slots, the
+  // aliased argument, or stand-ins for values that died inside their segment.
+  std::vector<at::Tensor> answer(const LoggedOp& logged, const std::function<at::Tensor(size_t)>& arg) {
+    c10::impl::ExcludeDispatchKeyGuard no_tracing(compat::kTracingKey);
+    std::vector<at::Tensor> outs;
+    for (const LoggedOutput& lo : logged.outputs) {
+      if (lo.slot >= 0) {
+        outs.push_back(slots.at(lo.slot));
+      } else if (lo.alias_arg >= 0) {
+        outs.push_back(arg(static_cast<size_t>(lo.alias_arg)));
+      } else if (!lo.meta.defined) {
+        outs.emplace_back();
+      } else {
+        // Only metadata can still be asked of a dead value.
+        outs.push_back(at::empty_strided(lo.meta.sizes, lo.meta.strides,
+                                         at::TensorOptions().dtype(lo.meta.dtype).device(lo.meta.device)));
+        stand_ins.insert(outs.back().unsafeGetTensorImpl());
+        stand_in_refs.emplace_back(outs.back().getIntrusivePtr());
+      }
+    }
+    return outs;
+  }
+
+  // The next logged entry of the replayed segment, which must be `what`.
+  const LoggedOp& next_logged(const std::function<bool(const LoggedOp&)>& matches, const std::string& what) {
+    const std::vector<LoggedOp>& seg = *path.logs.at(replay_segment);
+    TORCH_CHECK(replay_index < seg.size() && matches(seg[replay_index]),
+                "torch::compile: while re-running the forward to trace a new branch, it called ", what,
+                " where the trace recorded ",
+                replay_index < seg.size() ? seg[replay_index].describe() : std::string("the end of a segment"),
+                ". A compiled forward must make the same tensor calls for the same guards and branch values "
+                "(does it depend on host state?)");
+    return seg[replay_index++];
+  }
+
   // Answer an op of an already executed segment without running it again.
   void replay_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const auto& schema = op.schema();
-    const std::string name = ir::op_target_name(op);
-    const std::vector<LoggedOp>& seg = *path.logs.at(replay_segment);
-    TORCH_CHECK(replay_index < seg.size() && same_op(seg[replay_index].op, op),
-                "torch::compile: while re-running the forward to trace a new branch, it called ", name,
-                " where the trace recorded ",
-                replay_index < seg.size() ? ir::op_target_name(seg[replay_index].op) : std::string("the end of a segment"),
-                ". A compiled forward must make the same tensor calls for the same guards and branch values "
-                "(does it depend on host state?)");
-    const LoggedOp& logged = seg[replay_index++];
+    const LoggedOp& logged = next_logged([&](const LoggedOp& l) { return l.op && same_op(*l.op, op); },
+                                         ir::op_target_name(op));
     const size_t num_args = schema.arguments().size();
     std::vector<c10::IValue> args(stack->end() - num_args, stack->end());
     torch::jit::drop(*stack, num_args);
-    std::vector<at::Tensor> outs;
-    {
-      c10::impl::ExcludeDispatchKeyGuard no_tracing(compat::kTracingKey);
-      for (const LoggedOutput& lo : logged.outputs) {
-        if (lo.slot >= 0) {
-          outs.push_back(slots.at(lo.slot));
-        } else if (lo.alias_arg >= 0) {
-          outs.push_back(args.at(lo.alias_arg).toTensor());
-        } else if (!lo.meta.defined) {
-          outs.emplace_back();
-        } else {
-          // A value that died inside its segment: only metadata can still be asked of it.
-          outs.push_back(at::empty_strided(lo.meta.sizes, lo.meta.strides,
-                                           at::TensorOptions().dtype(lo.meta.dtype).device(lo.meta.device)));
-          stand_ins.insert(outs.back().unsafeGetTensorImpl());
-          stand_in_refs.emplace_back(outs.back().getIntrusivePtr());
-        }
-      }
-    }
+    std::vector<at::Tensor> outs = answer(logged, [&](size_t a) { return args.at(a).toTensor(); });
     size_t o = 0;
     for (size_t r = 0; r < logged.return_counts.size(); ++r) {
       if (schema.returns()[r].type()->kind() == c10::TypeKind::ListType) {
@@ -603,6 +620,88 @@ Tracer::Activation::Activation(Tracer& t)
 }
 
 Tracer::Activation::~Activation() {
+  tls_current_tracer = previous_;
+  c10::impl::tls_set_dispatch_key_included(compat::kTracingKey, previous_included_);
+}
+
+std::string LoggedOp::describe() const {
+  return op ? ir::op_target_name(*op) : "module call '" + module_call + "'";
+}
+
+bool Tracer::following() const { return !failed() && impl_->mode != Impl::Mode::Off; }
+
+bool Tracer::replaying() const { return !failed() && impl_->mode == Impl::Mode::Replay; }
+
+void Tracer::push_module_path(std::string path) { impl_->module_stack.push_back(std::move(path)); }
+
+void Tracer::pop_module_path() {
+  TORCH_INTERNAL_ASSERT(!impl_->module_stack.empty(), "Tracer::pop_module_path without a push");
+  impl_->module_stack.pop_back();
+}
+
+const std::string& Tracer::module_path() const {
+  static const std::string kNone;
+  return impl_->module_stack.empty() ? kNone : impl_->module_stack.back();
+}
+
+void Tracer::record_module_call(const std::string& path, const std::vector<at::Tensor>& inputs,
+                                const std::vector<at::Tensor>& outputs, ir::ModuleFn fn,
+                                std::vector<size_t> list_sizes) {
+  Impl& im = *impl_;
+  TORCH_INTERNAL_ASSERT(im.mode == Impl::Mode::Record, "Tracer::record_module_call outside recording");
+  if (failed()) return;
+  std::vector<ir::Argument> args;
+  for (const at::Tensor& t : inputs) {
+    if (!t.defined()) {
+      fail("module call '" + path + "' with an undefined tensor argument cannot be an opaque call_module node", "");
+      return;
+    }
+    auto v = im.value_for(t);
+    if (!v) return;
+    args.emplace_back(*v);
+  }
+  LoggedOp entry;
+  entry.module_call = path;
+  entry.list_sizes = std::move(list_sizes);
+  std::vector<ir::TensorMeta> metas;
+  for (const at::Tensor& t : outputs) {
+    LoggedOutput lo;
+    lo.meta = ir::TensorMeta::of(t);
+    for (size_t a = 0; t.defined() && a < inputs.size(); ++a)
+      if (inputs[a].unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) lo.alias_arg = static_cast<int32_t>(a);
+    metas.push_back(lo.meta);
+    entry.outputs.push_back(std::move(lo));
+    entry.return_counts.push_back(1);
+  }
+  // The same module called twice may differ in its scalar arguments: one target per call.
+  std::string target = path;
+  for (int k = 1; im.gm->has_submodule(target); ++k) target = path + "_" + std::to_string(k);
+  ir::Node* node = im.gm->graph().call_module(target, std::move(args), std::move(metas));
+  node->set_module_path(path);
+  im.gm->set_submodule(target, std::move(fn));
+  im.log_index[node] = im.log.size();
+  im.log.push_back(std::move(entry));
+  for (size_t i = 0; i < outputs.size(); ++i)
+    if (outputs[i].defined()) im.track(outputs[i], node->output(i));
+}
+
+std::vector<at::Tensor> Tracer::replay_module_call(const std::string& path, const std::vector<at::Tensor>& inputs,
+                                                   std::vector<size_t>& list_sizes) {
+  Impl& im = *impl_;
+  TORCH_INTERNAL_ASSERT(im.mode == Impl::Mode::Replay, "Tracer::replay_module_call outside replay");
+  const LoggedOp& logged = im.next_logged([&](const LoggedOp& l) { return !l.op && l.module_call == path; },
+                                          "module '" + path + "'");
+  list_sizes = logged.list_sizes;
+  return im.answer(logged, [&](size_t a) { return inputs.at(a); });
+}
+
+Tracer::Suspension::Suspension()
+    : previous_(tls_current_tracer), previous_included_(c10::impl::tls_is_dispatch_key_included(compat::kTracingKey)) {
+  tls_current_tracer = nullptr;
+  c10::impl::tls_set_dispatch_key_included(compat::kTracingKey, false);
+}
+
+Tracer::Suspension::~Suspension() {
   tls_current_tracer = previous_;
   c10::impl::tls_set_dispatch_key_included(compat::kTracingKey, previous_included_);
 }

@@ -4,6 +4,7 @@
 
 #include "runtime/guards.h"
 #include "runtime/logging.h"
+#include "runtime/trace_context.h"
 
 #include <torchcompile/ir/printer.h>
 
@@ -210,14 +211,29 @@ void CompiledFunction::warn_once(const std::string& key, const std::string& mess
 
 std::shared_ptr<const CompiledEntry> CompiledFunction::lookup(const CallArgs& args) {
   std::unique_lock<std::mutex> lock(mutex_);
-  for (size_t k = 0; k < entries_.size(); ++k) {
-    if (!entries_[k]->guards().check(args)) continue;
-    // Most recently hit first: the next call with the same signature checks it first.
-    if (k != 0) std::rotate(entries_.begin(), entries_.begin() + k, entries_.begin() + k + 1);
-    return entries_.front();
+  std::string hooks_reason;
+  for (size_t k = 0; k < entries_.size();) {
+    const GuardSet& guards = entries_[k]->guards();
+    if (guards.check(args)) {
+      // Most recently hit first: the next call with the same signature checks it first.
+      if (k != 0) std::rotate(entries_.begin(), entries_.begin() + k, entries_.begin() + k + 1);
+      return entries_.front();
+    }
+    if (guards.hooks_stale()) {
+      // Hook versions only grow: this entry can never match again. Dropping it keeps hook
+      // changes from filling the cache.
+      if (hooks_reason.empty()) hooks_reason = guards.failure_reason(args);
+      entries_.erase(entries_.begin() + k);
+      continue;
+    }
+    ++k;
   }
-  last_reason_ = entries_.empty() ? "no cached entry" : entries_.front()->guards().failure_reason(args);
-  if (!entries_.empty())
+  if (!hooks_reason.empty()) {
+    last_reason_ = hooks_reason;
+  } else {
+    last_reason_ = entries_.empty() ? "no cached entry" : entries_.front()->guards().failure_reason(args);
+  }
+  if (!entries_.empty() || !hooks_reason.empty())
     TORCHCOMPILE_LOG(LogKind::Recompiles, "torch::compile(", name_, "): recompiling: ", last_reason_, " (",
                      entries_.size(), " cached entries)");
   if (entries_.size() < options_.cache_size_limit) return nullptr;
@@ -368,10 +384,13 @@ std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, 
   for (size_t i = 0; i < args.tensors.size(); ++i) tracer.add_input(args.tensors[i], names[i]);
   add_module_state(tracer);
   std::vector<at::Tensor> outputs;
+  TraceContext context(options_, name_, root_.get());
   {
+    TraceContext::Scope in_context(context);
     capture::Tracer::Activation active(tracer);
     outputs = forward(spec);
   }
+  for (const auto& n : context.modules()) guards->add_hook_module(n.module, n.version, n.path);
   auto insert = [&](std::unique_ptr<Segment> root, std::string eager_reason) {
     auto entry = std::make_shared<CompiledEntry>(std::move(guards), std::move(root), names, std::move(eager_reason));
     if (log_enabled(LogKind::Guards)) {
@@ -473,10 +492,13 @@ std::vector<at::Tensor> CompiledFunction::retrace_branch(const CompiledEntry& en
   add_module_state(tracer);
   tracer.set_replay(std::move(replay), std::move(env), env_names);
   std::vector<at::Tensor> outputs;
+  TraceContext context(options_, name_, root_.get());
   {
+    TraceContext::Scope in_context(context);
     capture::Tracer::Activation active(tracer);
     outputs = forward(spec);
   }
+  for (const auto& n : context.modules()) entry.guards().add_hook_module(n.module, n.version, n.path);
   if (!record) return outputs;
   if (tracer.failed()) {
     warn_once("trace:" + tracer.failure()->reason, tracer.failure()->reason + "; that branch runs eagerly");

@@ -1,5 +1,7 @@
 #include "runtime/guards.h"
 
+#include "hooks/hooks_internal.h"
+
 #include <torchcompile/compat.h>
 
 #include <ATen/Context.h>
@@ -223,6 +225,13 @@ std::unique_ptr<GuardSet> GuardSet::build(const CallArgs& args, const std::share
           for (const auto& kid : kids.items()) visit(kid.value(), qualify(path, kid.key()));
         };
     visit(root, "");
+    g->hook_epoch_seen_.store(detail::hook_epoch());
+    for (size_t mi = 0; mi < g->modules_.size(); ++mi) {
+      const auto& m = g->modules_[mi].module;
+      g->add_hook_module(m, detail::hook_version(*m), g->module_paths_[mi]);
+    }
+  } else {
+    g->hook_epoch_seen_.store(detail::hook_epoch());
   }
   return g;
 }
@@ -401,10 +410,47 @@ bool GuardSet::evaluate(const CallArgs& args, std::string* reason) const {
       if (!check_attr<kWithReason>(attrs_[idx], idx, buffers[k].value(), reason)) return false;
     }
   }
+
+  // Hooks: one load while no hook changed anywhere since the last check that passed.
+  if (detail::hook_epoch() != hook_epoch_seen_.load(std::memory_order_acquire)) {
+    if (hooks_changed(reason)) return false;
+  }
   return true;
 }
 
 #undef TC_GUARD_FAIL
+
+bool GuardSet::hooks_changed(std::string* reason) const {
+  const uint64_t epoch = detail::hook_epoch();
+  std::lock_guard<std::mutex> lock(hook_mutex_);
+  for (const HookGuard& g : hook_guards_) {
+    if (detail::hook_version(*g.module) == g.version) continue;
+    if (reason != nullptr) {
+      auto now = detail::hooks_of(*g.module);
+      *reason = c10::str("hooks of module '", g.path, "' changed since compilation: ", g.summary, " then, ",
+                         now ? now->summary() : std::string("no hooks"), " now");
+    }
+    return true;
+  }
+  hook_epoch_seen_.store(epoch, std::memory_order_release);
+  return false;
+}
+
+bool GuardSet::hooks_stale() const {
+  if (detail::hook_epoch() == hook_epoch_seen_.load(std::memory_order_acquire)) return false;
+  return hooks_changed(nullptr);
+}
+
+void GuardSet::add_hook_module(const std::shared_ptr<torch::nn::Module>& m, uint64_t version,
+                               std::string path) const {
+  std::lock_guard<std::mutex> lock(hook_mutex_);
+  for (const HookGuard& g : hook_guards_)
+    if (g.module.get() == m.get()) return;
+  auto hooks = detail::hooks_of(*m);
+  hook_guards_.push_back(
+      HookGuard{m, version, path.empty() ? std::string("<root>") : std::move(path),
+                hooks ? hooks->summary() : std::string("no hooks")});
+}
 
 // ---- describe ------------------------------------------------------------------------------
 
@@ -437,6 +483,12 @@ std::vector<std::string> GuardSet::describe() const {
   out.push_back(std::string("deterministic algorithms ") + on(deterministic_));
   out.push_back(autocast_cpu_ ? c10::str("autocast (CPU) enabled, dtype ", autocast_cpu_dtype_)
                               : std::string("autocast (CPU) disabled"));
+  {
+    std::lock_guard<std::mutex> lock(hook_mutex_);
+    for (const HookGuard& g : hook_guards_)
+      if (g.version != 0) out.push_back("module '" + g.path + "' hooks: " + g.summary);
+    out.push_back("hooks of " + std::to_string(hook_guards_.size()) + " modules unchanged (global hook epoch)");
+  }
   for (size_t mi = 0; mi < modules_.size(); ++mi) {
     const ModuleGuard& mg = modules_[mi];
     const std::string& path = display_path(module_paths_[mi]);

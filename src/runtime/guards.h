@@ -25,7 +25,9 @@
 #include <c10/util/SmallVector.h>
 #include <c10/util/typeid.h>
 
+#include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,6 +51,13 @@ class GuardSet {
   std::string failure_reason(const CallArgs& args) const;
   /// One line per guard, for logs.
   std::vector<std::string> describe() const;
+
+  /// Guard the hooks of `m` (a module the trace called through torchcompile::call), seen at
+  /// `version`. Modules under the root are guarded by build().
+  void add_hook_module(const std::shared_ptr<torch::nn::Module>& m, uint64_t version, std::string path) const;
+  /// Whether some guarded module's hooks changed since the trace. Hook versions only grow, so
+  /// such an entry can never match again.
+  bool hooks_stale() const;
 
   /// Number of guarded input tensors, modules and registered parameters + buffers.
   size_t num_tensors() const { return tensors_.size(); }
@@ -85,6 +94,16 @@ class GuardSet {
     uint32_t children_begin, children_end;            // into children_
   };
 
+  // The hooks of one module as the trace saw them (ARCHITECTURE decision 6). check() reads
+  // them only when the global hook epoch moved since the last passing check.
+  struct HookGuard {
+    std::shared_ptr<torch::nn::Module> module;
+    uint64_t version;
+    std::string path;
+    std::string summary;
+  };
+  bool hooks_changed(std::string* reason) const;  // sets the reason if given
+
   template <bool kWithReason>
   bool evaluate(const CallArgs& args, std::string* reason) const;
   template <bool kWithReason>
@@ -104,6 +123,10 @@ class GuardSet {
   std::vector<ModuleGuard> modules_;
   std::vector<AttrGuard> attrs_;
   std::vector<const torch::nn::Module*> children_;  // each module's registered submodules, in order
+
+  mutable std::atomic<uint64_t> hook_epoch_seen_{0};
+  mutable std::mutex hook_mutex_;
+  mutable std::vector<HookGuard> hook_guards_;  // grows when a retrace calls a new module
 
   // Cold data: names for reasons and describe().
   std::vector<std::string> tensor_names_;

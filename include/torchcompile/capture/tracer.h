@@ -45,10 +45,16 @@ struct LoggedOutput {
 };
 
 /// Every op recorded in a segment, in call order (dead ones included): what replay matches.
+/// An opaque module call (a call_module node) is logged with its path instead of an operator.
 struct LoggedOp {
-  c10::OperatorHandle op;
+  std::optional<c10::OperatorHandle> op;
   std::vector<uint32_t> return_counts;
   std::vector<LoggedOutput> outputs;
+  std::string module_call;          ///< the module path of a logged module call
+  std::vector<size_t> list_sizes;   ///< a module call's result structure (OutputSpec::list_sizes)
+
+  /// `aten::add.Tensor`, or `module call 'fc1'`.
+  std::string describe() const;
 };
 
 /// The host read that ended a segment, and the value it returned when traced.
@@ -125,6 +131,41 @@ class Tracer {
 
   /// The segments recorded so far were ended by these host reads (for logs and explain).
   size_t num_breaks() const;
+
+  // ---- module calls (torchcompile::call) ----
+
+  /// Whether the forward's calls are being recorded or replayed: false after a failure, and
+  /// after the replayed path of a run that records nothing new.
+  bool following() const;
+  /// Whether the forward is re-running an already compiled prefix (see set_replay).
+  bool replaying() const;
+  /// Ops recorded until the matching pop get `path` as their module path (nn_module_stack).
+  void push_module_path(std::string path);
+  void pop_module_path();
+  /// The innermost module path ("" outside any module call).
+  const std::string& module_path() const;
+  /// Record an opaque module call that ran with recording suspended: a call_module node named
+  /// after `path`, reading `inputs` and producing `outputs`; `fn` runs the call on later calls.
+  /// `list_sizes` is the result's structure, returned again by replay_module_call.
+  void record_module_call(const std::string& path, const std::vector<at::Tensor>& inputs,
+                          const std::vector<at::Tensor>& outputs, ir::ModuleFn fn, std::vector<size_t> list_sizes);
+  /// While replaying: the outputs of the logged module call `path`, which must come next.
+  std::vector<at::Tensor> replay_module_call(const std::string& path, const std::vector<at::Tensor>& inputs,
+                                             std::vector<size_t>& list_sizes);
+
+  /// While alive, nothing this thread calls is recorded and Tracer::current() is null (an
+  /// opaque module's own forward runs under it).
+  class Suspension {
+   public:
+    Suspension();
+    ~Suspension();
+    Suspension(const Suspension&) = delete;
+    Suspension& operator=(const Suspension&) = delete;
+
+   private:
+    Tracer* previous_;
+    bool previous_included_;
+  };
 
   /// Finish: close the last segment with `outputs` as its outputs, run dead-code elimination
   /// and lint on every new segment, and return them in order (each but the last ends in a

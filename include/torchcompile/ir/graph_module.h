@@ -50,6 +50,7 @@ class GraphModule {
   /// Register the callable behind a call_module target.
   void set_submodule(const std::string& path, ModuleFn fn);
   const ModuleFn& submodule(const std::string& path) const;
+  bool has_submodule(const std::string& path) const { return submodules_.count(path) != 0; }
 
   /// Run the graph with the interpreter: placeholders bound to `inputs` in order; returns the
   /// output node's values. The call plan is prepared on first use and reused.

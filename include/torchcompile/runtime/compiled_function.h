@@ -116,6 +116,7 @@ class CompiledFunction {
   const CompileOptions& options() const { return options_; }
   const std::string& name() const { return name_; }
   torch::nn::Module* root() const { return root_.get(); }
+  const std::shared_ptr<torch::nn::Module>& root_ptr() const { return root_; }
 
   /// Number of entries compiled so far (tests: "two calls, one compile").
   size_t num_entries() const;
