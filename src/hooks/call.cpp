@@ -24,6 +24,7 @@ thread_local TraceContext* tls_context = nullptr;
 std::string type_name(const torch::nn::Module& m) {
   std::string n = m.name();
   if (auto p = n.rfind("::"); p != std::string::npos) n = n.substr(p + 2);
+  if (n.size() > 4 && n.compare(n.size() - 4, 4, "Impl") == 0) n.resize(n.size() - 4);
   return n;
 }
 }  // namespace

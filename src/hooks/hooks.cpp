@@ -92,7 +92,7 @@ bool HookSet::inlinable() const {
          std::all_of(forward.begin(), forward.end(), traceable);
 }
 
-std::string HookSet::summary() const {
+std::vector<std::pair<std::string, std::string>> HookSet::counts() const {
   auto count = [](const auto& v) {
     size_t t = 0;
     for (const auto& e : v) t += e.traceable ? 1 : 0;
@@ -100,11 +100,27 @@ std::string HookSet::summary() const {
     if (t) s += " (" + std::to_string(t) + " traceable)";
     return s;
   };
-  std::ostringstream os;
-  os << "forward pre-hooks " << count(forward_pre) << ", forward hooks " << count(forward)
-     << ", backward pre-hooks " << backward_pre.size() << ", backward hooks " << backward.size()
-     << (leaf ? ", leaf" : "");
-  return os.str();
+  return {{"forward pre-hooks", count(forward_pre)},
+          {"forward hooks", count(forward)},
+          {"backward pre-hooks", std::to_string(backward_pre.size())},
+          {"backward hooks", std::to_string(backward.size())},
+          {"leaf", leaf ? "yes" : "no"}};
+}
+
+std::string HookSet::summary() const {
+  std::string s;
+  for (const auto& [what, n] : counts()) s += (s.empty() ? "" : ", ") + what + " " + n;
+  return s;
+}
+
+std::string HookSet::change_from(const std::vector<std::pair<std::string, std::string>>& before) const {
+  const auto now = counts();
+  std::string s;
+  for (size_t i = 0; i < now.size() && i < before.size(); ++i)
+    if (now[i].second != before[i].second)
+      s += (s.empty() ? "" : ", ") + now[i].first + " " + before[i].second + " -> " + now[i].second;
+  // Same counts, different hooks (one removed, another added).
+  return s.empty() ? "hooks replaced (" + summary() + ")" : s;
 }
 
 void HookTable::update(const std::function<void(HookSet&)>& edit, bool call_hooks) {

@@ -38,8 +38,12 @@ struct HookSet {
   /// Whether a compiled caller can inline the module's call: no backward hooks, every forward
   /// hook traceable, not a leaf.
   bool inlinable() const;
-  /// `forward_pre=1 forward=2(1 traceable) backward_pre=0 backward=0 leaf=no`.
+  /// (what, how many): `{"forward hooks", "2 (1 traceable)"}`, ..., `{"leaf", "no"}`.
+  std::vector<std::pair<std::string, std::string>> counts() const;
+  /// `forward pre-hooks 0, forward hooks 2 (1 traceable), ...`.
   std::string summary() const;
+  /// What changed from `before` (counts() of an earlier set): `forward hooks 1 -> 0`.
+  std::string change_from(const std::vector<std::pair<std::string, std::string>>& before) const;
 };
 
 /// The registry entry of one module.

@@ -229,9 +229,11 @@ std::shared_ptr<const CompiledEntry> CompiledFunction::lookup(const CallArgs& ar
     ++k;
   }
   if (!hooks_reason.empty()) {
-    last_reason_ = hooks_reason;
+    last_reason_ = evicted_reason_ = hooks_reason;
+  } else if (entries_.empty()) {
+    last_reason_ = evicted_reason_.empty() ? "no cached entry" : evicted_reason_;
   } else {
-    last_reason_ = entries_.empty() ? "no cached entry" : entries_.front()->guards().failure_reason(args);
+    last_reason_ = entries_.front()->guards().failure_reason(args);
   }
   if (!entries_.empty() || !hooks_reason.empty())
     TORCHCOMPILE_LOG(LogKind::Recompiles, "torch::compile(", name_, "): recompiling: ", last_reason_, " (",
@@ -400,6 +402,7 @@ std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, 
     }
     std::lock_guard<std::mutex> lock(mutex_);
     entries_.insert(entries_.begin(), std::move(entry));
+    evicted_reason_.clear();
   };
   std::vector<capture::SegmentRecord> records;
   if (!tracer.failed()) records = tracer.finish_segments(outputs);  // may fail on an output

@@ -427,8 +427,8 @@ bool GuardSet::hooks_changed(std::string* reason) const {
     if (detail::hook_version(*g.module) == g.version) continue;
     if (reason != nullptr) {
       auto now = detail::hooks_of(*g.module);
-      *reason = c10::str("hooks of module '", g.path, "' changed since compilation: ", g.summary, " then, ",
-                         now ? now->summary() : std::string("no hooks"), " now");
+      *reason = c10::str("hooks of module '", g.path, "' changed since compilation: ",
+                         (now ? *now : detail::HookSet()).change_from(g.counts));
     }
     return true;
   }
@@ -447,9 +447,8 @@ void GuardSet::add_hook_module(const std::shared_ptr<torch::nn::Module>& m, uint
   for (const HookGuard& g : hook_guards_)
     if (g.module.get() == m.get()) return;
   auto hooks = detail::hooks_of(*m);
-  hook_guards_.push_back(
-      HookGuard{m, version, path.empty() ? std::string("<root>") : std::move(path),
-                hooks ? hooks->summary() : std::string("no hooks")});
+  hook_guards_.push_back(HookGuard{m, version, path.empty() ? std::string("<root>") : std::move(path),
+                                   (hooks ? *hooks : detail::HookSet()).counts()});
 }
 
 // ---- describe ------------------------------------------------------------------------------
@@ -486,7 +485,11 @@ std::vector<std::string> GuardSet::describe() const {
   {
     std::lock_guard<std::mutex> lock(hook_mutex_);
     for (const HookGuard& g : hook_guards_)
-      if (g.version != 0) out.push_back("module '" + g.path + "' hooks: " + g.summary);
+      if (g.version != 0) {
+        std::string line = "module '" + g.path + "' hooks:";
+        for (const auto& [what, n] : g.counts) line += " " + what + " " + n + ";";
+        out.push_back(line);
+      }
     out.push_back("hooks of " + std::to_string(hook_guards_.size()) + " modules unchanged (global hook epoch)");
   }
   for (size_t mi = 0; mi < modules_.size(); ++mi) {

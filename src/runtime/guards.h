@@ -100,7 +100,7 @@ class GuardSet {
     std::shared_ptr<torch::nn::Module> module;
     uint64_t version;
     std::string path;
-    std::string summary;
+    std::vector<std::pair<std::string, std::string>> counts;  // detail::HookSet::counts()
   };
   bool hooks_changed(std::string* reason) const;  // sets the reason if given
 

@@ -154,6 +154,7 @@ class CompiledFunction {
   std::vector<std::shared_ptr<const CompiledEntry>> entries_;
   std::shared_ptr<const CompiledEntry> overflow_entry_;
   std::string last_reason_;
+  std::string evicted_reason_;  // why the last entries were dropped, until a new one is added
   std::vector<std::string> warned_;
   bool verify_ = false;
   std::string verify_failure_;
