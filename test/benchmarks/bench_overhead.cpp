@@ -22,6 +22,7 @@
 #include <torchcompile/torchcompile.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -152,6 +153,77 @@ Case& m7() {
   return c;
 }
 
+// Hooks (issue 4): a tiny three-layer MLP whose layers are called through torchcompile::call,
+// so their hooks fire. Every case compares against the same MLP run eagerly without hooks:
+//   Hooks0          compiled, no hooks
+//   Hooks100Tr      compiled, 100 traceable forward (pre-)hooks spread over the layers and the
+//                   root: inlined at trace time, so the compiled call should cost the same
+//   Hooks1NonTr     compiled, one forward hook with a side effect on the middle layer: it
+//                   becomes an opaque call_module node running the hook and its own graph
+// (8, 8) inputs keep the GEMMs small, so what is measured is the machinery.
+struct TinyMlpImpl : torch::nn::Module {
+  TinyMlpImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(8, 8))),
+        fc2(register_module("fc2", torch::nn::Linear(8, 8))),
+        fc3(register_module("fc3", torch::nn::Linear(8, 8))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::relu(torchcompile::call(fc1, x));
+    x = torch::relu(torchcompile::call(fc2, x));
+    return torchcompile::call(fc3, x);
+  }
+  torch::nn::Linear fc1, fc2, fc3;
+};
+TORCH_MODULE(TinyMlp);
+
+enum class HookSetup { None, Traceable100, NonTraceable1 };
+
+Case make_hooks_case(HookSetup setup) {
+  torch::manual_seed(0);
+  TinyMlp plain, hooked;
+  {
+    torch::NoGradGuard no_grad;
+    auto src = plain->parameters(), dst = hooked->parameters();
+    for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+  }
+  static std::atomic<int64_t> side_effect{0};
+  if (setup == HookSetup::Traceable100) {
+    std::vector<std::shared_ptr<torch::nn::Module>> targets{hooked.ptr(), hooked->fc1.ptr(), hooked->fc2.ptr(),
+                                                            hooked->fc3.ptr()};
+    for (int i = 0; i < 100; ++i) {
+      auto& m = targets[static_cast<size_t>(i) % targets.size()];
+      if (i % 2) {
+        torchcompile::register_forward_hook(
+            m, [](torch::nn::Module&, const torchcompile::Tensors&, const torchcompile::Tensors&) {},
+            torchcompile::HookOptions().traceable());
+      } else {
+        torchcompile::register_forward_pre_hook(
+            m, [](torch::nn::Module&, const torchcompile::Tensors&) {}, torchcompile::HookOptions().traceable());
+      }
+    }
+  } else if (setup == HookSetup::NonTraceable1) {
+    torchcompile::register_forward_hook(hooked->fc2, [](torch::nn::Module&, const torchcompile::Tensors&,
+                                                        const torchcompile::Tensors&) { ++side_effect; });
+  }
+  auto fast = std::make_shared<decltype(torch::compile(hooked, "eager"))>(torch::compile(hooked, "eager"));
+  Case k{[plain](const torch::Tensor& x) mutable { return plain->forward(x); },
+         [fast](const torch::Tensor& x) { return (*fast)(x); }, torch::randn({8, 8}), {}};
+  k.check();
+  return k;
+}
+
+Case& hooks0() {
+  static Case c = make_hooks_case(HookSetup::None);
+  return c;
+}
+Case& hooks100() {
+  static Case c = make_hooks_case(HookSetup::Traceable100);
+  return c;
+}
+Case& hooks1() {
+  static Case c = make_hooks_case(HookSetup::NonTraceable1);
+  return c;
+}
+
 // ---- measurement -----------------------------------------------------------------------------
 
 double median(std::vector<double> v) {
@@ -257,6 +329,14 @@ BENCHMARK(BM_M7_Toy_Eager)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_M7_Toy_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_OneOp_Eager)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_OneOp_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
+void BM_Hooks_Eager(benchmark::State& s) { run_eager(s, hooks0); }
+void BM_Hooks0_Compiled(benchmark::State& s) { run_compiled(s, hooks0, "Hooks 0 (tiny MLP)"); }
+void BM_Hooks100Traceable_Compiled(benchmark::State& s) { run_compiled(s, hooks100, "Hooks 100 traceable"); }
+void BM_Hooks1NonTraceable_Compiled(benchmark::State& s) { run_compiled(s, hooks1, "Hooks 1 non-traceable"); }
+BENCHMARK(BM_Hooks_Eager)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Hooks0_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Hooks100Traceable_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Hooks1NonTraceable_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 std::string env_or(const char* name, const char* fallback) {
   const char* v = std::getenv(name);
