@@ -301,16 +301,22 @@ TEST(Hooks, RootHooksFireAroundTheCompiledGraph) {
 
 struct GradLog {
   std::vector<at::Tensor> grad_outputs, grad_inputs, pre_grad_outputs;
+  std::vector<std::string> events;
 };
 
 void add_backward_hooks(Net net, GradLog& log, bool scale) {
   tc::register_full_backward_pre_hook(net->block->fc2, [&log](torch::nn::Module&, const Tensors& gout) {
     log.pre_grad_outputs.push_back(gout.at(0).clone());
+    log.events.push_back("fc2.backward_pre");
+  });
+  tc::register_full_backward_hook(net->block->fc1, [&log](torch::nn::Module&, const Tensors&, const Tensors&) {
+    log.events.push_back("fc1.backward");
   });
   tc::register_full_backward_hook(
       net->block->fc2, [&log, scale](torch::nn::Module&, const Tensors& gin, const Tensors& gout) {
         log.grad_inputs.push_back(gin.at(0).clone());
         log.grad_outputs.push_back(gout.at(0).clone());
+        log.events.push_back("fc2.backward");
         return scale ? std::optional<Tensors>(Tensors{gin.at(0) * 0.5}) : std::nullopt;
       });
 }
@@ -322,7 +328,7 @@ TEST(Hooks, BackwardHooksSeeAndReplaceGradientsEagerAndCompiled) {
     add_backward_hooks(p.eager, eager_log, scale);
     add_backward_hooks(p.compiled_net, compiled_log, scale);
     auto fast = tc::compile(p.compiled_net, "eager");
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 0; i < 10; ++i) {
       auto x = torch::randn({4, 8});
       auto xe = x.clone().requires_grad_(), xc = x.clone().requires_grad_();
       p.eager->zero_grad();
@@ -333,9 +339,12 @@ TEST(Hooks, BackwardHooksSeeAndReplaceGradientsEagerAndCompiled) {
       auto pe = p.eager->named_parameters(), pc = p.compiled_net->named_parameters();
       for (const auto& item : pe) EXPECT_TRUE(tensors_close(item.value().grad(), pc[item.key()].grad())) << item.key();
     }
-    ASSERT_EQ(eager_log.grad_inputs.size(), 3u);
-    ASSERT_EQ(compiled_log.grad_inputs.size(), 3u);
-    for (size_t i = 0; i < 3; ++i) {
+    ASSERT_EQ(eager_log.grad_inputs.size(), 10u);
+    ASSERT_EQ(compiled_log.grad_inputs.size(), 10u);
+    EXPECT_EQ(eager_log.events, compiled_log.events);
+    EXPECT_EQ(std::vector<std::string>(compiled_log.events.begin(), compiled_log.events.begin() + 3),
+              (std::vector<std::string>{"fc2.backward_pre", "fc2.backward", "fc1.backward"}));
+    for (size_t i = 0; i < 10; ++i) {
       EXPECT_TRUE(tensors_close(eager_log.grad_inputs[i], compiled_log.grad_inputs[i]));
       EXPECT_TRUE(tensors_close(eager_log.grad_outputs[i], compiled_log.grad_outputs[i]));
       EXPECT_TRUE(tensors_close(eager_log.pre_grad_outputs[i], compiled_log.pre_grad_outputs[i]));

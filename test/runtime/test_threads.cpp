@@ -3,6 +3,7 @@
 #include "support/test_util.h"
 
 #include <atomic>
+#include <chrono>
 #include <thread>
 
 using tc_test::CompileCounter;
@@ -72,6 +73,57 @@ TEST(Threads, CompiledModuleCalledInsideACompiledForwardIsInlined) {
   EXPECT_EQ(outer_cc.frames(), 1);
   EXPECT_EQ(inner_cc.frames(), 0) << "the inner forward is part of the outer graph";
   EXPECT_EQ(tc_test::count_calls(*outer.state().entries().front()->graph_module()->shared_graph()), 4u);
+}
+
+struct HookedMlp : torch::nn::Module {
+  torch::nn::Linear a{nullptr}, b{nullptr};
+  HookedMlp() {
+    a = register_module("a", torch::nn::Linear(16, 32));
+    b = register_module("b", torch::nn::Linear(32, 4));
+  }
+  torch::Tensor forward(torch::Tensor x) { return torchcompile::call(b, torch::relu(torchcompile::call(a, x))); }
+};
+
+// Hooks registered and removed by one thread while others call the compiled module: every
+// result matches eager (the hook only counts), the entry is replaced as hooks change, and the
+// hook fires on compiled calls while registered.
+TEST(Threads, HooksChangingWhileThreadsCallTheCompiledModule) {
+  torch::manual_seed(0);
+  auto net = std::make_shared<HookedMlp>();
+  auto fast = torch::compile(net, "eager");
+  auto x = torch::randn({8, 16});
+  torch::Tensor expected;
+  {
+    torch::NoGradGuard g;
+    expected = net->forward(x);
+  }
+  std::atomic<int64_t> fired{0};
+  std::atomic<bool> done{false}, mismatch{false};
+  std::vector<std::thread> callers;
+  for (int t = 0; t < 3; ++t) {
+    callers.emplace_back([&] {
+      torch::NoGradGuard g;
+      while (!done.load()) {
+        if (!torch::allclose(expected, fast(x))) mismatch = true;
+      }
+    });
+  }
+  const int toggles = std::max(5, calls_per_thread() / 20);
+  for (int i = 0; i < toggles; ++i) {
+    auto h = torchcompile::register_forward_hook(
+        net->b, [&](torch::nn::Module&, const torchcompile::Tensors&, const torchcompile::Tensors&) { ++fired; });
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    h.remove();
+  }
+  done = true;
+  for (auto& th : callers) th.join();
+  EXPECT_FALSE(mismatch.load());
+  EXPECT_GT(fired.load(), 0);
+  const int64_t after = fired.load();
+  torch::NoGradGuard g;
+  fast(x);
+  EXPECT_EQ(fired.load(), after) << "a removed hook must not fire";
+  EXPECT_LE(fast.state().num_entries(), 2u) << "stale entries are dropped";
 }
 
 }  // namespace
