@@ -106,13 +106,19 @@ void mark_non_differentiable(AutogradContext* ctx, at::TensorList ts) {
   if (!nd.empty()) ctx->mark_non_differentiable(nd);
 }
 
-struct OutputHookFn : torch::autograd::Function<OutputHookFn> {
-  static variable_list forward(AutogradContext* ctx, at::TensorList outputs, c10::IValue state) {
+// The forward shared by both identity functions.
+template <typename Derived>
+struct IdentityWithHooks : torch::autograd::Function<Derived> {
+  static variable_list forward(AutogradContext* ctx, at::TensorList tensors, c10::IValue state) {
     ctx->saved_data["state"] = std::move(state);
     ctx->set_materialize_grads(false);
-    mark_non_differentiable(ctx, outputs);
-    return outputs.vec();
+    mark_non_differentiable(ctx, tensors);
+    return tensors.vec();
   }
+};
+
+// On the outputs: runs the backward pre-hooks, keeps grad_output for the input side.
+struct OutputHookFn : IdentityWithHooks<OutputHookFn> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto st = state_of(ctx);
     torch::nn::Module& m = st->get();
@@ -133,13 +139,8 @@ struct OutputHookFn : torch::autograd::Function<OutputHookFn> {
   }
 };
 
-struct InputHookFn : torch::autograd::Function<InputHookFn> {
-  static variable_list forward(AutogradContext* ctx, at::TensorList inputs, c10::IValue state) {
-    ctx->saved_data["state"] = std::move(state);
-    ctx->set_materialize_grads(false);
-    mark_non_differentiable(ctx, inputs);
-    return inputs.vec();
-  }
+// On the inputs: runs the full backward hooks with grad_input and the saved grad_output.
+struct InputHookFn : IdentityWithHooks<InputHookFn> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto st = state_of(ctx);
     run_backward_hooks(*st, grads);

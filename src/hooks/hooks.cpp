@@ -180,46 +180,42 @@ bool HookTable::contains(uint64_t id) {
 }
 
 namespace {
-void reject_options(const HookOptions& o, const char* what, bool traceable_ok, bool always_call_ok) {
-  TORCH_CHECK(traceable_ok || !o.traceable_, "torchcompile::", what,
+// Register `fn` in `list` of m's table, after checking which options apply to this kind.
+template <typename F>
+RemovableHandle add_hook(torch::nn::Module& m, std::vector<HookEntry<F>> HookSet::*list, F fn, const HookOptions& o,
+                         const char* what, bool forward_kind, bool forward_hook, bool call_hook = true) {
+  TORCH_CHECK(forward_kind || !o.traceable_, "torchcompile::", what,
               ": only forward pre-hooks and forward hooks can be traceable (a backward or state_dict hook always "
               "runs with the real tensors)");
-  TORCH_CHECK(always_call_ok || !o.always_call_, "torchcompile::", what, ": always_call applies to forward hooks only");
+  TORCH_CHECK(forward_hook || !o.always_call_, "torchcompile::", what, ": always_call applies to forward hooks only");
+  return table_for(m, what)->add(list, std::move(fn), o, call_hook);
 }
 }  // namespace
 
 RemovableHandle add_forward_pre_hook(torch::nn::Module& m, ForwardPreHook hook, const HookOptions& o) {
-  reject_options(o, "register_forward_pre_hook", true, false);
-  return table_for(m, "register_forward_pre_hook")->add(&HookSet::forward_pre, std::move(hook), o, true);
+  return add_hook(m, &HookSet::forward_pre, std::move(hook), o, "register_forward_pre_hook", true, false);
 }
 RemovableHandle add_forward_hook(torch::nn::Module& m, ForwardHook hook, const HookOptions& o) {
-  reject_options(o, "register_forward_hook", true, true);
-  return table_for(m, "register_forward_hook")->add(&HookSet::forward, std::move(hook), o, true);
+  return add_hook(m, &HookSet::forward, std::move(hook), o, "register_forward_hook", true, true);
 }
 RemovableHandle add_backward_pre_hook(torch::nn::Module& m, BackwardPreHook hook, const HookOptions& o) {
-  reject_options(o, "register_full_backward_pre_hook", false, false);
-  return table_for(m, "register_full_backward_pre_hook")->add(&HookSet::backward_pre, std::move(hook), o, true);
+  return add_hook(m, &HookSet::backward_pre, std::move(hook), o, "register_full_backward_pre_hook", false, false);
 }
 RemovableHandle add_backward_hook(torch::nn::Module& m, BackwardHook hook, const HookOptions& o) {
-  reject_options(o, "register_full_backward_hook", false, false);
-  return table_for(m, "register_full_backward_hook")->add(&HookSet::backward, std::move(hook), o, true);
+  return add_hook(m, &HookSet::backward, std::move(hook), o, "register_full_backward_hook", false, false);
 }
 RemovableHandle add_state_dict_pre_hook(torch::nn::Module& m, StateDictPreHook hook, const HookOptions& o) {
-  reject_options(o, "register_state_dict_pre_hook", false, false);
-  return table_for(m, "register_state_dict_pre_hook")->add(&HookSet::state_dict_pre, std::move(hook), o, false);
+  return add_hook(m, &HookSet::state_dict_pre, std::move(hook), o, "register_state_dict_pre_hook", false, false, /*call_hook=*/false);
 }
 RemovableHandle add_state_dict_post_hook(torch::nn::Module& m, StateDictPostHook hook, const HookOptions& o) {
-  reject_options(o, "register_state_dict_post_hook", false, false);
-  return table_for(m, "register_state_dict_post_hook")->add(&HookSet::state_dict_post, std::move(hook), o, false);
+  return add_hook(m, &HookSet::state_dict_post, std::move(hook), o, "register_state_dict_post_hook", false, false, /*call_hook=*/false);
 }
 RemovableHandle add_load_state_dict_pre_hook(torch::nn::Module& m, LoadStateDictPreHook hook, const HookOptions& o) {
-  reject_options(o, "register_load_state_dict_pre_hook", false, false);
-  return table_for(m, "register_load_state_dict_pre_hook")->add(&HookSet::load_pre, std::move(hook), o, false);
+  return add_hook(m, &HookSet::load_pre, std::move(hook), o, "register_load_state_dict_pre_hook", false, false, /*call_hook=*/false);
 }
 RemovableHandle add_load_state_dict_post_hook(torch::nn::Module& m, LoadStateDictPostHook hook,
                                               const HookOptions& o) {
-  reject_options(o, "register_load_state_dict_post_hook", false, false);
-  return table_for(m, "register_load_state_dict_post_hook")->add(&HookSet::load_post, std::move(hook), o, false);
+  return add_hook(m, &HookSet::load_post, std::move(hook), o, "register_load_state_dict_post_hook", false, false, /*call_hook=*/false);
 }
 
 }  // namespace detail
