@@ -10,6 +10,9 @@
 #ifdef TORCHCOMPILE_HAVE_BACKEND_DEBUG
 #include "../../backends/debug/debug_backend.h"
 #endif
+#ifdef TORCHCOMPILE_HAVE_BACKEND_TORCHSCRIPT
+#include "../../backends/torchscript/torchscript_backend.h"
+#endif
 
 namespace torchcompile::detail {
 
@@ -21,6 +24,9 @@ void register_builtin_backends() {
 #endif
 #ifdef TORCHCOMPILE_HAVE_BACKEND_DEBUG
   register_backend("debug", &backends::debug_backend, {"debug"});
+#endif
+#ifdef TORCHCOMPILE_HAVE_BACKEND_TORCHSCRIPT
+  register_backend("torchscript", &backends::torchscript_backend);
 #endif
 }
 
