@@ -613,10 +613,10 @@ size_t Tracer::num_breaks() const { return impl_->done.size(); }
 
 const std::vector<at::Tensor>& Tracer::slot_tensors() const { return impl_->slots; }
 
-Tracer::Activation::Activation(Tracer& t)
+Tracer::Activation::Activation(Tracer* t)
     : previous_(tls_current_tracer), previous_included_(c10::impl::tls_is_dispatch_key_included(compat::kTracingKey)) {
-  tls_current_tracer = &t;
-  c10::impl::tls_set_dispatch_key_included(compat::kTracingKey, true);
+  tls_current_tracer = t;
+  c10::impl::tls_set_dispatch_key_included(compat::kTracingKey, t != nullptr);
 }
 
 Tracer::Activation::~Activation() {
@@ -637,11 +637,6 @@ void Tracer::push_module_path(std::string path) { impl_->module_stack.push_back(
 void Tracer::pop_module_path() {
   TORCH_INTERNAL_ASSERT(!impl_->module_stack.empty(), "Tracer::pop_module_path without a push");
   impl_->module_stack.pop_back();
-}
-
-const std::string& Tracer::module_path() const {
-  static const std::string kNone;
-  return impl_->module_stack.empty() ? kNone : impl_->module_stack.back();
 }
 
 void Tracer::record_module_call(const std::string& path, const std::vector<at::Tensor>& inputs,
@@ -693,17 +688,6 @@ std::vector<at::Tensor> Tracer::replay_module_call(const std::string& path, cons
                                           "module '" + path + "'");
   list_sizes = logged.list_sizes;
   return im.answer(logged, [&](size_t a) { return inputs.at(a); });
-}
-
-Tracer::Suspension::Suspension()
-    : previous_(tls_current_tracer), previous_included_(c10::impl::tls_is_dispatch_key_included(compat::kTracingKey)) {
-  tls_current_tracer = nullptr;
-  c10::impl::tls_set_dispatch_key_included(compat::kTracingKey, false);
-}
-
-Tracer::Suspension::~Suspension() {
-  tls_current_tracer = previous_;
-  c10::impl::tls_set_dispatch_key_included(compat::kTracingKey, previous_included_);
 }
 
 std::vector<SegmentRecord> Tracer::finish_segments(const std::vector<at::Tensor>& outputs) {

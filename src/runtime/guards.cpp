@@ -225,13 +225,12 @@ std::unique_ptr<GuardSet> GuardSet::build(const CallArgs& args, const std::share
           for (const auto& kid : kids.items()) visit(kid.value(), qualify(path, kid.key()));
         };
     visit(root, "");
-    g->hook_epoch_seen_.store(detail::hook_epoch());
-    for (size_t mi = 0; mi < g->modules_.size(); ++mi) {
-      const auto& m = g->modules_[mi].module;
-      g->add_hook_module(m, detail::hook_version(*m), g->module_paths_[mi]);
-    }
-  } else {
-    g->hook_epoch_seen_.store(detail::hook_epoch());
+  }
+  // The epoch is read before the versions: a hook change in between shows on the next check.
+  g->hook_epoch_seen_.store(detail::hook_epoch());
+  for (size_t mi = 0; mi < g->modules_.size(); ++mi) {
+    const auto& m = g->modules_[mi].module;
+    g->add_hook_module(m, detail::hook_version(*m), g->module_paths_[mi]);
   }
   return g;
 }

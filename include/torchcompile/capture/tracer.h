@@ -110,10 +110,14 @@ class Tracer {
   /// While alive, this thread's ATen calls are recorded into this tracer.
   class Activation {
    public:
-    explicit Activation(Tracer& t);
+    explicit Activation(Tracer& t) : Activation(&t) {}
     ~Activation();
     Activation(const Activation&) = delete;
     Activation& operator=(const Activation&) = delete;
+
+   protected:
+    /// Make `t` this thread's tracer (null: none, with the tracing key off) until destruction.
+    explicit Activation(Tracer* t);
 
    private:
     Tracer* previous_;
@@ -142,8 +146,6 @@ class Tracer {
   /// Ops recorded until the matching pop get `path` as their module path (nn_module_stack).
   void push_module_path(std::string path);
   void pop_module_path();
-  /// The innermost module path ("" outside any module call).
-  const std::string& module_path() const;
   /// Record an opaque module call that ran with recording suspended: a call_module node named
   /// after `path`, reading `inputs` and producing `outputs`; `fn` runs the call on later calls.
   /// `list_sizes` is the result's structure, returned again by replay_module_call.
@@ -155,16 +157,9 @@ class Tracer {
 
   /// While alive, nothing this thread calls is recorded and Tracer::current() is null (an
   /// opaque module's own forward runs under it).
-  class Suspension {
+  class Suspension : public Activation {
    public:
-    Suspension();
-    ~Suspension();
-    Suspension(const Suspension&) = delete;
-    Suspension& operator=(const Suspension&) = delete;
-
-   private:
-    Tracer* previous_;
-    bool previous_included_;
+    Suspension() : Activation(nullptr) {}
   };
 
   /// Finish: close the last segment with `outputs` as its outputs, run dead-code elimination
