@@ -19,6 +19,16 @@ constexpr int kTorchMinor = TORCH_VERSION_MINOR;
 /// test/capture's key test fails first.
 constexpr c10::DispatchKey kTracingKey = c10::DispatchKey::DeferredInit;
 
+/// The functionality key AOT's joint trace records on: below Autograd and below Functionalize,
+/// so it sees functionalized, decomposed ops and, during backward(), the derivative formulas.
+/// Fake is free in 1.13 through 2.6 (only torchdistx's fake tensors ever registered it).
+constexpr c10::DispatchKey kBelowAutogradTracingKey = c10::DispatchKey::Fake;
+
+/// LibTorch 1.13's `native_batch_norm` schema does not declare that it writes the running
+/// statistics (2.x routes training batch norm through ops that do, with functional variants),
+/// so functionalization cannot see that mutation: AOT rewrites it (src/aot/joint.cpp).
+constexpr bool kBatchNormHidesRunningStatMutation = TORCH_VERSION_MAJOR < 2;
+
 /// CPU autocast state of the calling thread. LibTorch 2.4 generalized the per-device functions
 /// (`is_cpu_enabled()`, `get_autocast_cpu_dtype()`, ...) into `is_autocast_enabled(device)` and
 /// friends and deprecated the old names (they now warn on every call).

@@ -12,6 +12,7 @@
 // on tracing calls only, as with torch.jit.trace.
 #pragma once
 
+#include <torchcompile/aot.h>
 #include <torchcompile/backends/registry.h>
 #include <torchcompile/hooks.h>
 #include <torchcompile/ir/graph_module.h>

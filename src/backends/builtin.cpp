@@ -2,6 +2,7 @@
 // (no static constructors in the core library).
 #include "backends/builtin.h"
 
+#include <torchcompile/aot.h>
 #include <torchcompile/backends/registry.h>
 
 #ifdef TORCHCOMPILE_HAVE_BACKEND_EAGER
@@ -21,6 +22,8 @@ void register_builtin_backends() {
   register_backend("eager", &backends::eager_backend);
   // The best built-in available; the oneDNN and C++ code generation backends take over here.
   register_backend("default", &backends::eager_backend);
+  // AOT forward and backward graphs, both run by the interpreter (seed 000's aot_eager).
+  register_backend("aot_eager", aot_autograd(&backends::eager_backend));
 #endif
 #ifdef TORCHCOMPILE_HAVE_BACKEND_DEBUG
   register_backend("debug", &backends::debug_backend, {"debug"});

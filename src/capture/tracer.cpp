@@ -20,7 +20,12 @@ namespace torchcompile::capture {
 
 namespace {
 
-thread_local Tracer* tls_current_tracer = nullptr;
+// The active tracer of each level on this thread.
+thread_local Tracer* tls_current_tracer[2] = {nullptr, nullptr};
+
+c10::DispatchKey key_of(TraceLevel level) {
+  return level == TraceLevel::AboveAutograd ? compat::kTracingKey : compat::kBelowAutogradTracingKey;
+}
 
 // Operators returning host values that depend only on tensor metadata: they are executed but
 // neither recorded nor treated as a data-dependent read (the metadata they read is guarded).
@@ -50,14 +55,21 @@ bool returns_only_tensors(const c10::FunctionSchema& schema) {
 
 bool same_op(const c10::OperatorHandle& a, const c10::OperatorHandle& b) { return &a.schema() == &b.schema(); }
 
-void redispatch_below_tracer(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
-  c10::impl::ExcludeDispatchKeyGuard no_tracing(compat::kTracingKey);
-  op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, compat::kTracingKey), stack);
+void redispatch_below_tracer(c10::DispatchKey key, const c10::OperatorHandle& op, c10::DispatchKeySet ks,
+                             torch::jit::Stack* stack) {
+  c10::impl::ExcludeDispatchKeyGuard no_tracing(key);
+  op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, key), stack);
+}
+
+// Whether an op works on meta tensors: functionalization computes view and in-place results on
+// meta tensors first (shape checks) — not part of the program.
+bool has_meta_tensor(const torch::jit::Stack& stack, size_t num_args) {
+  for (size_t i = stack.size() - num_args; i < stack.size(); ++i)
+    if (stack[i].isTensor() && stack[i].toTensor().defined() && stack[i].toTensor().is_meta()) return true;
+  return false;
 }
 
 bool is_key_value(const c10::IValue& v) { return v.isDouble() || v.isInt() || v.isBool() || v.isComplexDouble(); }
-
-void tracing_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack);
 
 }  // namespace
 
@@ -94,7 +106,9 @@ struct Tracer::Impl {
   enum class Mode { Record, Replay, Off };
 
   Tracer* owner = nullptr;
+  c10::DispatchKey key = compat::kTracingKey;
   bool fullgraph = false;
+  OpInterceptor interceptor;
   Mode mode = Mode::Record;
 
   // The call's environment: slot tensors, their names, and which slot a tensor is.
@@ -396,14 +410,14 @@ struct Tracer::Impl {
       if (!args[i].isTensor() || !args[i].toTensor().defined()) {
         if (!args[i].isTensor() && ir::is_tensor_like_type(schema.arguments()[i].type()) && !args[i].isNone()) {
           owner->fail("graph break on " + name + " with a tensor-list argument is not supported", name);
-          redispatch_below_tracer(op, ks, stack);
+          redispatch_below_tracer(key, op, ks, stack);
           return;
         }
         continue;
       }
       auto v = value_for(args[i].toTensor());
       if (!v) {
-        redispatch_below_tracer(op, ks, stack);
+        redispatch_below_tracer(key, op, ks, stack);
         return;
       }
       forced.push_back(*v);
@@ -412,7 +426,7 @@ struct Tracer::Impl {
     }
     std::vector<uint32_t> forced_slots = close_segment({}, forced, /*is_last=*/false);
     for (size_t k = 0; k < forced_slots.size(); ++k) branch.tensor_args.emplace_back(forced_positions[k], forced_slots[k]);
-    redispatch_below_tracer(op, ks, stack);
+    redispatch_below_tracer(key, op, ks, stack);
     const size_t num_returns = schema.returns().size();
     branch.key.assign(stack->end() - num_returns, stack->end());
     for (const auto& k : branch.key) {
@@ -427,7 +441,7 @@ struct Tracer::Impl {
   // The outputs of a logged op or module call, without running it: from the slots, the
   // aliased argument, or stand-ins for values that died inside their segment.
   std::vector<at::Tensor> answer(const LoggedOp& logged, const std::function<at::Tensor(size_t)>& arg) {
-    c10::impl::ExcludeDispatchKeyGuard no_tracing(compat::kTracingKey);
+    c10::impl::ExcludeDispatchKeyGuard no_tracing(key);
     std::vector<at::Tensor> outs;
     for (const LoggedOutput& lo : logged.outputs) {
       if (lo.slot >= 0) {
@@ -503,7 +517,7 @@ struct Tracer::Impl {
       return;
     }
     mode = Mode::Off;
-    c10::impl::tls_set_dispatch_key_included(compat::kTracingKey, false);
+    c10::impl::tls_set_dispatch_key_included(key, false);
   }
 };
 
@@ -511,17 +525,20 @@ struct Tracer::Impl {
 
 namespace {
 
+template <TraceLevel Level>
 void tracing_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
-  Tracer* tracer = Tracer::current();
-  if (tracer == nullptr || tracer->failed() || tracer->impl().mode == Tracer::Impl::Mode::Off) {
-    redispatch_below_tracer(op, ks, stack);
+  Tracer* tracer = Tracer::current(Level);
+  const c10::DispatchKey key = key_of(Level);
+  if (tracer == nullptr || tracer->failed() || tracer->impl().mode == Tracer::Impl::Mode::Off ||
+      (Level == TraceLevel::BelowAutograd && has_meta_tensor(*stack, op.schema().arguments().size()))) {
+    redispatch_below_tracer(key, op, ks, stack);
     return;
   }
   Tracer::Impl& impl = tracer->impl();
   const auto& schema = op.schema();
   const bool host_value = !returns_only_tensors(schema);
   if (host_value && is_metadata_query(schema.operator_name())) {
-    redispatch_below_tracer(op, ks, stack);
+    redispatch_below_tracer(key, op, ks, stack);
     return;
   }
   if (impl.mode == Tracer::Impl::Mode::Replay) {
@@ -536,9 +553,10 @@ void tracing_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     impl.host_read(op, ks, stack);
     return;
   }
+  if (impl.interceptor && impl.interceptor(op, stack)) return;
   const size_t num_args = schema.arguments().size();
   std::vector<c10::IValue> args(stack->end() - num_args, stack->end());
-  redispatch_below_tracer(op, ks, stack);
+  redispatch_below_tracer(key, op, ks, stack);
   const size_t num_returns = schema.returns().size();
   impl.record(op, args, stack->data() + (stack->size() - num_returns));
 }
@@ -549,29 +567,46 @@ void register_tracing_fallback() {
   static std::once_flag once;
   std::call_once(once, [] {
     // Kept for the process lifetime: the fallback must outlive every traced call.
-    static auto* library = new torch::Library(torch::Library::IMPL, "_", compat::kTracingKey, __FILE__, __LINE__);
-    library->fallback(torch::CppFunction::makeFromBoxedFunction<&tracing_fallback>());
+    static auto* above = new torch::Library(torch::Library::IMPL, "_", compat::kTracingKey, __FILE__, __LINE__);
+    above->fallback(torch::CppFunction::makeFromBoxedFunction<&tracing_fallback<TraceLevel::AboveAutograd>>());
+    static auto* below =
+        new torch::Library(torch::Library::IMPL, "_", compat::kBelowAutogradTracingKey, __FILE__, __LINE__);
+    below->fallback(torch::CppFunction::makeFromBoxedFunction<&tracing_fallback<TraceLevel::BelowAutograd>>());
   });
 }
 
 // ---- Tracer ---------------------------------------------------------------------------------
 
-Tracer::Tracer(bool fullgraph) : impl_(std::make_unique<Impl>()) {
+Tracer::Tracer(bool fullgraph, TraceLevel level) : level_(level), impl_(std::make_unique<Impl>()) {
   impl_->owner = this;
+  impl_->key = key_of(level);
   impl_->fullgraph = fullgraph;
   register_tracing_fallback();
 }
 
 Tracer::~Tracer() = default;
 
-Tracer* Tracer::current() { return tls_current_tracer; }
+Tracer* Tracer::current(TraceLevel level) { return tls_current_tracer[static_cast<int>(level)]; }
+
+void Tracer::set_interceptor(OpInterceptor f) { impl_->interceptor = std::move(f); }
 
 void Tracer::add_input(const at::Tensor& t, const std::string& name) {
   Impl& im = *impl_;
   const uint32_t s = im.new_slot(t, name);
   ++im.num_inputs;
-  // The first segment takes every input as a placeholder, in order, used or not.
+  // The first segment takes every input as a placeholder, in order, used or not; placeholders
+  // stay in front of the recorded ops.
+  ir::Graph& g = im.gm->graph();
+  ir::Node* first_op = nullptr;
+  for (const auto& n : g.nodes()) {
+    if (n->kind() != ir::NodeKind::Placeholder) {
+      first_op = n.get();
+      break;
+    }
+  }
+  g.set_insert_point(first_op);
   ir::Value v = im.placeholder_for_slot(s);
+  g.set_insert_point(nullptr);
   if (!t.defined()) return;
   im.track(t, v);
   im.track_memory(t);
@@ -606,22 +641,24 @@ void Tracer::fail(std::string reason, std::string op) {
   if (failure_) return;
   failure_ = std::make_unique<TraceFailure>(TraceFailure{std::move(reason), std::move(op)});
   // Stop paying for the fallback for the rest of this forward; Activation restores the TLS.
-  c10::impl::tls_set_dispatch_key_included(compat::kTracingKey, false);
+  c10::impl::tls_set_dispatch_key_included(impl_->key, false);
 }
 
 size_t Tracer::num_breaks() const { return impl_->done.size(); }
 
 const std::vector<at::Tensor>& Tracer::slot_tensors() const { return impl_->slots; }
 
-Tracer::Activation::Activation(Tracer* t)
-    : previous_(tls_current_tracer), previous_included_(c10::impl::tls_is_dispatch_key_included(compat::kTracingKey)) {
-  tls_current_tracer = t;
-  c10::impl::tls_set_dispatch_key_included(compat::kTracingKey, t != nullptr);
+Tracer::Activation::Activation(Tracer* t, TraceLevel level)
+    : level_(level),
+      previous_(tls_current_tracer[static_cast<int>(level)]),
+      previous_included_(c10::impl::tls_is_dispatch_key_included(key_of(level))) {
+  tls_current_tracer[static_cast<int>(level)] = t;
+  c10::impl::tls_set_dispatch_key_included(key_of(level), t != nullptr);
 }
 
 Tracer::Activation::~Activation() {
-  tls_current_tracer = previous_;
-  c10::impl::tls_set_dispatch_key_included(compat::kTracingKey, previous_included_);
+  tls_current_tracer[static_cast<int>(level_)] = previous_;
+  c10::impl::tls_set_dispatch_key_included(key_of(level_), previous_included_);
 }
 
 std::string LoggedOp::describe() const {
@@ -692,7 +729,8 @@ std::vector<at::Tensor> Tracer::replay_module_call(const std::string& path, cons
 
 std::vector<SegmentRecord> Tracer::finish_segments(const std::vector<at::Tensor>& outputs) {
   TORCH_INTERNAL_ASSERT(!failed(), "Tracer::finish called on a failed trace");
-  TORCH_INTERNAL_ASSERT(tls_current_tracer != this, "Tracer::finish called while the tracer is active");
+  TORCH_INTERNAL_ASSERT(tls_current_tracer[static_cast<int>(level_)] != this,
+                        "Tracer::finish called while the tracer is active");
   Impl& im = *impl_;
   TORCH_INTERNAL_ASSERT(im.mode == Impl::Mode::Record, "Tracer::finish: the forward ended before the replayed path did");
   std::vector<ir::Value> outs;

@@ -203,6 +203,6 @@ TEST_P(Parity, GradientsFlowThroughReplay) {
   EXPECT_TRUE(tensors_close(reference->bias.grad(), lin->bias.grad()));
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, Parity, ::testing::Values("eager", "debug"));
+INSTANTIATE_TEST_SUITE_P(Backends, Parity, ::testing::Values("eager", "debug", "aot_eager"));
 
 }  // namespace

@@ -20,6 +20,7 @@
 
 #include <torchcompile/ir/graph_module.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -27,9 +28,21 @@
 
 namespace torchcompile::capture {
 
-/// Register the tracing fallback with the dispatcher (idempotent, thread-safe). Called by the
-/// runtime before the first trace.
+/// Where a tracer records. `AboveAutograd` (compat::kTracingKey) sees the forward's ops as the
+/// module calls them: the level-1 graph. `BelowAutograd` (compat::kBelowAutogradTracingKey, below
+/// Autograd and Functionalize) sees what reaches the kernels: composite ops decomposed, in-place
+/// ops functionalized, and during `backward()` the derivative formulas (AOT's joint graph).
+/// Each level has its own active tracer per thread.
+enum class TraceLevel : uint8_t { AboveAutograd = 0, BelowAutograd = 1 };
+
+/// Register the tracing fallbacks (both levels) with the dispatcher (idempotent, thread-safe).
+/// Called by the runtime before the first trace.
 void register_tracing_fallback();
+
+/// Handles an operator instead of the tracer recording it (a decomposition): returns false to
+/// let the op be recorded, or consumes its arguments from the stack, pushes its results and
+/// returns true. Ops it calls are recorded in turn.
+using OpInterceptor = std::function<bool(const c10::OperatorHandle& op, std::vector<c10::IValue>* stack)>;
 
 /// Why a trace had to be abandoned.
 struct TraceFailure {
@@ -92,13 +105,14 @@ struct ReplayPath {
 /// One trace. Not thread-safe: a Tracer belongs to the thread that activates it.
 class Tracer {
  public:
-  explicit Tracer(bool fullgraph = false);
+  explicit Tracer(bool fullgraph = false, TraceLevel level = TraceLevel::AboveAutograd);
   ~Tracer();
   Tracer(const Tracer&) = delete;
   Tracer& operator=(const Tracer&) = delete;
 
   /// Declare a graph input bound to the tensor `t` (the next slot). An undefined tensor is
-  /// allowed and never referenced.
+  /// allowed and never referenced. May be called while recording: the placeholder goes after
+  /// the existing ones (AOT's tangents are declared once the forward has run).
   void add_input(const at::Tensor& t, const std::string& name);
   /// Declare module state: uses of `t` become get_attr nodes reading `qualified_name`.
   void add_attribute(const std::string& qualified_name, const at::Tensor& t, ir::AttributeKind kind);
@@ -110,22 +124,27 @@ class Tracer {
   /// While alive, this thread's ATen calls are recorded into this tracer.
   class Activation {
    public:
-    explicit Activation(Tracer& t) : Activation(&t) {}
+    explicit Activation(Tracer& t) : Activation(&t, t.level()) {}
     ~Activation();
     Activation(const Activation&) = delete;
     Activation& operator=(const Activation&) = delete;
 
    protected:
-    /// Make `t` this thread's tracer (null: none, with the tracing key off) until destruction.
-    explicit Activation(Tracer* t);
+    /// Make `t` this thread's tracer at `level` (null: none, with the tracing key off) until
+    /// destruction.
+    Activation(Tracer* t, TraceLevel level);
 
    private:
+    TraceLevel level_;
     Tracer* previous_;
     bool previous_included_;
   };
 
-  /// The tracer active on this thread, or nullptr.
-  static Tracer* current();
+  /// The tracer active on this thread at `level`, or nullptr.
+  static Tracer* current(TraceLevel level = TraceLevel::AboveAutograd);
+  TraceLevel level() const { return level_; }
+  /// Let `f` handle operators before they are recorded (record mode only).
+  void set_interceptor(OpInterceptor f);
 
   /// Whether recording stopped early, and why.
   bool failed() const { return failure_ != nullptr; }
@@ -155,11 +174,11 @@ class Tracer {
   std::vector<at::Tensor> replay_module_call(const std::string& path, const std::vector<at::Tensor>& inputs,
                                              std::vector<size_t>& list_sizes);
 
-  /// While alive, nothing this thread calls is recorded and Tracer::current() is null (an
-  /// opaque module's own forward runs under it).
+  /// While alive, nothing this thread calls is recorded at `level` and Tracer::current(level) is
+  /// null (an opaque module's own forward runs under it).
   class Suspension : public Activation {
    public:
-    Suspension() : Activation(nullptr) {}
+    explicit Suspension(TraceLevel level = TraceLevel::AboveAutograd) : Activation(nullptr, level) {}
   };
 
   /// Finish: close the last segment with `outputs` as its outputs, run dead-code elimination
@@ -176,6 +195,7 @@ class Tracer {
   Impl& impl() { return *impl_; }
 
  private:
+  TraceLevel level_;
   std::unique_ptr<Impl> impl_;
   std::unique_ptr<TraceFailure> failure_;
   friend struct Impl;

@@ -1,0 +1,208 @@
+// aot_autograd(): the backend wrapper, and the runtime that runs a compiled forward/backward
+// pair as one torch::autograd::Function.
+#include "aot/aot_internal.h"
+#include "runtime/logging.h"
+
+#include <torchcompile/ir/interpreter.h>
+#include <torchcompile/ir/printer.h>
+
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace torchcompile {
+
+using aot::JointGraph;
+using aot::Partition;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+CompiledFn make_boxed_func(std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)> fn) {
+  TORCH_CHECK(fn, "make_boxed_func: empty function");
+  return [fn = std::move(fn)](std::vector<at::Tensor> inputs) { return fn(inputs); };
+}
+
+namespace aot {
+namespace {
+
+// Everything a call needs, immutable after compilation and shared by concurrent calls (and by
+// autograd graphs still waiting for their backward after the entry was dropped).
+struct Runtime : torch::CustomClassHolder {
+  std::vector<PrimalSource> primals;
+  std::vector<OutputSource> outputs;
+  size_t num_fw_outputs = 0;
+  std::vector<int> tangent_of_fw_output;
+  std::vector<size_t> mutated_primals;
+  std::vector<size_t> grad_primals;
+  std::vector<ir::TensorMeta> fw_output_meta;
+  size_t num_saved = 0;
+  bool training = false;
+  std::unique_ptr<ir::GraphModule> forward_gm, backward_gm;  // the compiled functions may refer to them
+  CompiledFn forward, backward;
+
+  std::vector<at::Tensor> gather(std::vector<at::Tensor>& inputs) const {
+    std::vector<at::Tensor> ps;
+    ps.reserve(primals.size());
+    for (const PrimalSource& p : primals) ps.push_back(p.input < 0 ? p.tensor : std::move(inputs[p.input]));
+    return ps;
+  }
+
+  // Copy the forward's new values of mutated primals into the real tensors.
+  void write_back(const std::vector<at::Tensor>& ps, std::vector<at::Tensor>& outs) const {
+    if (mutated_primals.empty()) return;
+    at::NoGradGuard no_grad;
+    for (size_t m = 0; m < mutated_primals.size(); ++m) ps[mutated_primals[m]].copy_(outs[num_fw_outputs + m]);
+  }
+
+  std::vector<at::Tensor> assemble(std::vector<at::Tensor>& graph_outs, const std::vector<at::Tensor>& ps) const {
+    std::vector<at::Tensor> result;
+    result.reserve(outputs.size());
+    for (const OutputSource& o : outputs) {
+      if (o.graph_output >= 0) {
+        result.push_back(std::move(graph_outs[o.graph_output]));
+      } else {
+        const at::Tensor& base = ps[o.alias_primal];
+        result.push_back(base.as_strided(o.sizes, o.strides, base.storage_offset() + o.storage_offset));
+      }
+    }
+    return result;
+  }
+
+  static std::vector<at::Tensor> call(const c10::intrusive_ptr<Runtime>& self, std::vector<at::Tensor> inputs);
+};
+
+struct CompiledGraph : torch::autograd::Function<CompiledGraph> {
+  static variable_list forward(AutogradContext* ctx, at::TensorList primals, c10::IValue state) {
+    const auto& rt = *c10::static_intrusive_pointer_cast<Runtime>(state.toCapsule());
+    std::vector<at::Tensor> ps = primals.vec();
+    std::vector<at::Tensor> outs = rt.forward(ps);
+    rt.write_back(ps, outs);
+    const size_t first_saved = rt.num_fw_outputs + rt.mutated_primals.size();
+    ctx->save_for_backward(std::vector<at::Tensor>(outs.begin() + first_saved, outs.end()));
+    ctx->saved_data["state"] = std::move(state);
+    outs.resize(rt.num_fw_outputs);
+    std::vector<at::Tensor> constant;
+    for (size_t i = 0; i < outs.size(); ++i)
+      if (rt.tangent_of_fw_output[i] < 0) constant.push_back(outs[i]);
+    if (!constant.empty()) ctx->mark_non_differentiable(constant);
+    return outs;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    TORCH_CHECK(!at::GradMode::is_enabled(),
+                "torch::compile: double backward (create_graph=true) through a graph compiled with aot_autograd is "
+                "not supported; compile with the 'eager' backend for higher-order gradients");
+    const auto& rt = *c10::static_intrusive_pointer_cast<Runtime>(ctx->saved_data["state"].toCapsule());
+    std::vector<at::Tensor> inputs = ctx->get_saved_variables();
+    inputs.reserve(inputs.size() + grad_outputs.size());
+    for (size_t i = 0; i < rt.num_fw_outputs; ++i) {
+      if (rt.tangent_of_fw_output[i] < 0) continue;
+      at::Tensor& g = grad_outputs[i];
+      if (!g.defined()) {
+        const ir::TensorMeta& m = rt.fw_output_meta[i];
+        g = at::zeros(m.sizes, at::TensorOptions().dtype(m.dtype).device(m.device));
+      }
+      // The backward graph was traced with contiguous tangents (as AOTAutograd does).
+      inputs.push_back(g.contiguous());
+      g.reset();
+    }
+    std::vector<at::Tensor> grads = rt.backward(std::move(inputs));
+    TORCH_INTERNAL_ASSERT(grads.size() == rt.grad_primals.size(), "aot_autograd: the backward returned ",
+                          grads.size(), " gradients, expected ", rt.grad_primals.size());
+    variable_list result(rt.primals.size() + 1);  // the state argument has no gradient
+    for (size_t k = 0; k < grads.size(); ++k) result[rt.grad_primals[k]] = std::move(grads[k]);
+    return result;
+  }
+};
+
+std::vector<at::Tensor> Runtime::call(const c10::intrusive_ptr<Runtime>& self, std::vector<at::Tensor> inputs) {
+  std::vector<at::Tensor> ps = self->gather(inputs);
+  std::vector<at::Tensor> outs;
+  if (self->training) {
+    outs = CompiledGraph::apply(at::TensorList(ps), c10::IValue::make_capsule(self));
+  } else {
+    outs = self->forward(ps);
+    self->write_back(ps, outs);
+  }
+  return self->assemble(outs, ps);
+}
+
+std::vector<at::Tensor> zeros_like_meta(const ir::GraphModule& gm) {
+  std::vector<at::Tensor> xs;
+  for (const ir::Node* p : gm.graph().placeholders()) {
+    const ir::TensorMeta& m = p->output_meta().at(0);
+    xs.push_back(m.defined ? at::zeros_like(at::empty_strided(m.sizes, m.strides, at::TensorOptions().dtype(m.dtype).device(m.device)))
+                           : at::Tensor());
+  }
+  return xs;
+}
+
+}  // namespace
+
+AotGraphs trace_and_partition(GraphModule& gm, const std::vector<at::Tensor>& example_inputs,
+                              const DecompositionTable& decompositions, Partitioner partition) {
+  JointGraph joint = build_joint(gm, example_inputs, decompositions);
+  Partition part = partition_joint(joint, partition);
+  AotGraphs out;
+  out.joint = ir::to_text(joint.gm->graph());
+  out.forward = ir::to_text(part.forward->graph());
+  if (part.backward) out.backward = ir::to_text(part.backward->graph());
+  out.report = std::move(part.report);
+  return out;
+}
+
+}  // namespace aot
+
+Backend aot_autograd(Backend fw_compiler, Backend bw_compiler, DecompositionTable decompositions,
+                     Partitioner partition) {
+  TORCH_CHECK(fw_compiler, "aot_autograd: a forward compiler is required");
+  if (!bw_compiler) bw_compiler = fw_compiler;
+  return [fw_compiler = std::move(fw_compiler), bw_compiler = std::move(bw_compiler),
+          decompositions = std::move(decompositions),
+          partition](GraphModule& gm, const std::vector<at::Tensor>& example_inputs) -> CompiledFn {
+    std::string why;
+    if (!aot::liftable(gm, aot::wants_gradients(gm, example_inputs), &why)) {
+      TORCHCOMPILE_LOG(runtime::LogKind::Graph, "aot_autograd: ", why,
+                       "; the graph runs with the interpreter under autograd");
+      auto interpreter = std::make_shared<ir::Interpreter>(gm);
+      return [interpreter](std::vector<at::Tensor> inputs) { return interpreter->run(std::move(inputs)); };
+    }
+    JointGraph joint = aot::build_joint(gm, example_inputs, decompositions);
+    Partition part = aot::partition_joint(joint, partition);
+    if (runtime::log_enabled(runtime::LogKind::Graph)) {
+      runtime::log(runtime::LogKind::Graph, "aot_autograd: joint graph:\n" + ir::to_text(joint.gm->graph()));
+      runtime::log(runtime::LogKind::Graph, "aot_autograd: forward graph:\n" + ir::to_text(part.forward->graph()));
+      if (part.backward)
+        runtime::log(runtime::LogKind::Graph, "aot_autograd: backward graph:\n" + ir::to_text(part.backward->graph()));
+    }
+    auto rt = c10::make_intrusive<aot::Runtime>();
+    rt->primals = std::move(joint.primals);
+    for (auto& p : rt->primals)
+      if (p.input >= 0) p.tensor.reset();  // inputs come with each call; only module state is kept
+    rt->outputs = std::move(joint.outputs);
+    rt->num_fw_outputs = joint.num_fw_outputs;
+    rt->tangent_of_fw_output = std::move(joint.tangent_of_fw_output);
+    rt->mutated_primals = std::move(joint.mutated_primals);
+    rt->grad_primals = std::move(joint.grad_primals);
+    rt->training = joint.training;
+    rt->num_saved = part.num_saved;
+    const ir::Node* out_node = part.forward->graph().output_node();
+    for (size_t i = 0; i < rt->num_fw_outputs; ++i) {
+      const auto& v = *out_node->args().at(0).list().at(i);
+      rt->fw_output_meta.push_back(v.node->output_meta().at(v.index));
+    }
+    // Forward example inputs: the real primals of the traced call.
+    std::vector<at::Tensor> fw_examples;
+    for (const auto& p : rt->primals) fw_examples.push_back(p.input < 0 ? p.tensor : example_inputs.at(p.input));
+    rt->forward_gm = std::move(part.forward);
+    rt->forward = fw_compiler(*rt->forward_gm, fw_examples);
+    if (!rt->forward) return nullptr;
+    if (rt->training) {
+      // Backward example inputs carry the traced metadata (Python passes fake tensors here).
+      rt->backward_gm = std::move(part.backward);
+      rt->backward = bw_compiler(*rt->backward_gm, aot::zeros_like_meta(*rt->backward_gm));
+      if (!rt->backward) return nullptr;
+    }
+    return [rt](std::vector<at::Tensor> inputs) { return aot::Runtime::call(rt, std::move(inputs)); };
+  };
+}
+
+}  // namespace torchcompile

@@ -1,0 +1,323 @@
+// The joint graph: the captured graph re-run under functionalization with the below-autograd
+// tracer, parameters lifted to primals, and autograd asked for the primals' gradients.
+#include "aot/aot_internal.h"
+
+#include <torchcompile/capture/tracer.h>
+#include <torchcompile/compat.h>
+#include <torchcompile/ir/interpreter.h>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/FunctionalTensorWrapper.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace torchcompile::aot {
+
+namespace fz = at::functionalization::impl;
+
+namespace {
+
+// Restores the CPU generator on destruction: tracing the joint graph executes the forward once
+// more, and its random draws must not shift the user's random stream.
+class RngStateGuard {
+ public:
+  RngStateGuard() : gen_(at::detail::getDefaultCPUGenerator()) {
+    std::lock_guard<std::mutex> lock(gen_.mutex());
+    state_ = gen_.get_state();
+  }
+  ~RngStateGuard() {
+    std::lock_guard<std::mutex> lock(gen_.mutex());
+    gen_.set_state(state_);
+  }
+
+ private:
+  at::Generator gen_;
+  at::Tensor state_;
+};
+
+at::Tensor unwrap(const at::Tensor& t) {
+  if (!fz::isFunctionalTensor(t)) return t;  // made by a factory op from no functional input
+  fz::sync(t);
+  return fz::from_functional_tensor(t);
+}
+
+// LibTorch 1.13's native_batch_norm updates the running statistics without saying so in its
+// schema, so functionalization cannot turn that into new values: run it without running stats
+// (recorded as a pure op) and record the update as ops, then point the buffers' functional
+// wrappers at the new values, exactly as functionalization does for a declared mutation.
+// The update is eager's: running = (1 - momentum) * running + momentum * batch statistic, with
+// the unbiased variance (recovered from the saved inverse standard deviation).
+bool batch_norm_with_functional_update(torch::jit::Stack* stack,
+                                       std::unordered_map<const c10::TensorImpl*, at::Tensor>& wrapper_of) {
+  const size_t n = stack->size();
+  const c10::IValue& training = (*stack)[n - 3];
+  const c10::IValue& running_mean = (*stack)[n - 5];
+  if (!training.toBool() || running_mean.isNone() || !running_mean.toTensor().defined()) return false;
+  at::Tensor input = (*stack)[n - 8].toTensor();
+  c10::optional<at::Tensor> weight = (*stack)[n - 7].toOptional<at::Tensor>();
+  c10::optional<at::Tensor> bias = (*stack)[n - 6].toOptional<at::Tensor>();
+  at::Tensor rm = running_mean.toTensor();
+  at::Tensor rv = (*stack)[n - 4].toTensor();
+  const double momentum = (*stack)[n - 2].toDouble();
+  const double eps = (*stack)[n - 1].toDouble();
+  auto wm = wrapper_of.find(rm.unsafeGetTensorImpl());
+  auto wv = wrapper_of.find(rv.unsafeGetTensorImpl());
+  TORCH_CHECK(wm != wrapper_of.end() && wv != wrapper_of.end(),
+              "aot_autograd: training-mode batch norm whose running statistics are not module buffers");
+  torch::jit::drop(*stack, 8);
+  auto [out, mean, invstd] = at::native_batch_norm(input, weight, bias, {}, {}, true, momentum, eps);
+  const double count = static_cast<double>(input.numel() / input.size(1));
+  at::Tensor biased_var = at::sub(at::pow(invstd, -2), eps);
+  at::Tensor new_mean = at::add(at::mul(rm, 1.0 - momentum), at::mul(mean, momentum));
+  at::Tensor new_var =
+      at::add(at::mul(rv, 1.0 - momentum), at::mul(biased_var, momentum * count / std::max(count - 1.0, 1.0)));
+  const at::Tensor mean_wrapper = wm->second, var_wrapper = wv->second;
+  wrapper_of.erase(rm.unsafeGetTensorImpl());
+  wrapper_of.erase(rv.unsafeGetTensorImpl());
+  for (const auto& [wrapper, value] : {std::pair{mean_wrapper, new_mean}, std::pair{var_wrapper, new_var}}) {
+    fz::replace_(wrapper, value);
+    fz::commit_update(wrapper);
+    wrapper_of.emplace(value.unsafeGetTensorImpl(), wrapper);
+  }
+  stack->emplace_back(std::move(out));
+  stack->emplace_back(std::move(mean));
+  stack->emplace_back(std::move(invstd));
+  return true;
+}
+
+}  // namespace
+
+namespace {
+
+bool is_view_node(const ir::Node* n) {
+  if (n->kind() != ir::NodeKind::CallFunction) return false;
+  const auto& returns = n->schema().returns();
+  return returns.size() == 1 && returns[0].alias_info() != nullptr && !returns[0].alias_info()->isWrite();
+}
+
+bool is_contiguous(const ir::TensorMeta& m) {
+  int64_t expected = 1;
+  for (size_t d = m.sizes.size(); d-- > 0;) {
+    if (m.sizes[d] != 1 && m.strides[d] != expected) return false;
+    expected *= m.sizes[d];
+  }
+  return true;
+}
+
+}  // namespace
+
+bool liftable(const ir::GraphModule& gm, bool training, std::string* why) {
+  for (const auto& n : gm.graph().nodes()) {
+    if (n->kind() == ir::NodeKind::CallModule) {
+      if (why) *why = "the graph calls module '" + n->target() + "' opaquely (call_module)";
+      return false;
+    }
+    if (!training || n->kind() != ir::NodeKind::CallFunction || !ir::op_is_mutating(n->op())) continue;
+    // Autograd replays an in-place op on a view with the view's geometry (as_strided), which
+    // functionalization has replaced by that of the op's result (contiguous, offset 0): unless
+    // the view is the whole base reshaped, the gradient would be silently wrong.
+    static const std::unordered_set<std::string> kWholeViews = {
+        "aten::view", "aten::_unsafe_view", "aten::reshape", "aten::alias", "aten::detach",
+        "aten::unsqueeze", "aten::squeeze", "aten::flatten"};
+    const auto& schema_args = n->schema().arguments();
+    for (size_t i = 0; i < schema_args.size(); ++i) {
+      const auto* alias = schema_args[i].alias_info();
+      if (alias == nullptr || !alias->isWrite() || !n->args()[i].is_value()) continue;
+      for (ir::Value v = n->args()[i].value(); is_view_node(v.node);) {
+        if (!kWholeViews.count(v.node->schema().name()) || !is_contiguous(v.node->output_meta().at(v.index))) {
+          if (why)
+            *why = "the forward updates a view in place (" + n->target() + " on '" + v.node->name() +
+                   "'), which LibTorch's functionalization cannot differentiate";
+          return false;
+        }
+        ir::Value base;
+        for (const auto& a : v.node->args())
+          if (a.is_value()) {
+            base = a.value();
+            break;
+          }
+        if (!base.valid()) break;
+        v = base;
+      }
+    }
+  }
+  return true;
+}
+
+bool wants_gradients(const ir::GraphModule& gm, const std::vector<at::Tensor>& inputs) {
+  if (!at::GradMode::is_enabled()) return false;
+  for (const at::Tensor& t : inputs)
+    if (t.defined() && t.requires_grad()) return true;
+  for (const auto& [name, attr] : gm.attributes())
+    if (attr.first.requires_grad()) return true;
+  return false;
+}
+
+JointGraph build_joint(const ir::GraphModule& gm, const std::vector<at::Tensor>& example_inputs,
+                       const DecompositionTable& decompositions) {
+  const ir::Graph& g = gm.graph();
+  const auto placeholders = g.placeholders();
+  TORCH_CHECK(example_inputs.size() == placeholders.size(), "aot_autograd: the graph has ", placeholders.size(),
+              " inputs but ", example_inputs.size(), " example inputs were given");
+
+  JointGraph j;
+  // Primals: module state in the order the graph reads it, then the inputs. A constant that
+  // requires grad (a parameter the forward reached without it being module state: a module
+  // captured by a lambda) is lifted too, so that its gradient flows.
+  std::unordered_set<std::string> lifted;
+  for (const auto& n : g.nodes()) {
+    if (n->kind() != ir::NodeKind::GetAttr) continue;
+    const at::Tensor& t = gm.attribute(n->target());
+    if (gm.attribute_kind(n->target()) == ir::AttributeKind::Constant && !t.requires_grad()) continue;
+    if (!lifted.insert(n->target()).second) continue;
+    j.primals.push_back({-1, n->target(), t, t.requires_grad()});
+  }
+  for (size_t i = 0; i < example_inputs.size(); ++i) {
+    const at::Tensor& t = example_inputs[i];
+    j.primals.push_back({static_cast<int>(i), "", t, t.defined() && t.requires_grad()});
+  }
+  bool any_requires_grad = false;
+  for (const auto& p : j.primals) any_requires_grad |= p.requires_grad;
+  const bool want_grads = at::GradMode::is_enabled() && any_requires_grad;
+  std::string why;
+  TORCH_CHECK(liftable(gm, want_grads, &why), "aot_autograd: ", why);
+
+  RngStateGuard rng;
+  capture::Tracer tracer(/*fullgraph=*/true, capture::TraceLevel::BelowAutograd);
+  fz::FunctionalizationReapplyViewsGuard reapply_views(true);
+
+  // Functional wrappers over copies of the primals: the trace computes real values without
+  // touching the real tensors.
+  const size_t np = j.primals.size();
+  std::vector<at::Tensor> inner(np), wrapped(np);
+  std::vector<bool> same_strides(np, true);
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> wrapper_of;
+  for (size_t k = 0; k < np; ++k) {
+    const at::Tensor& t = j.primals[k].tensor;
+    const std::string name = "primals_" + std::to_string(k + 1);
+    if (!t.defined()) {
+      tracer.add_input(at::Tensor(), name);
+      continue;
+    }
+    {
+      at::NoGradGuard no_grad;
+      inner[k] = t.detach().clone(at::MemoryFormat::Preserve);
+    }
+    same_strides[k] = inner[k].strides() == t.strides();
+    tracer.add_input(inner[k], name);
+    wrapped[k] = fz::to_functional_tensor(inner[k]);
+    if (want_grads && t.requires_grad()) wrapped[k].requires_grad_(true);
+    wrapper_of.emplace(inner[k].unsafeGetTensorImpl(), wrapped[k]);
+  }
+
+  tracer.set_interceptor([&](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    if (!decompositions.empty()) {
+      if (const Decomposition* d = decompositions.find(ir::op_target_name(op))) {
+        const size_t num_args = op.schema().arguments().size();
+        std::vector<c10::IValue> args(stack->end() - num_args, stack->end());
+        torch::jit::drop(*stack, num_args);
+        std::vector<c10::IValue> results = (*d)(args);
+        TORCH_CHECK(results.size() == op.schema().returns().size(), "decomposition of ", ir::op_target_name(op),
+                    " returned ", results.size(), " values; the operator returns ", op.schema().returns().size());
+        for (auto& r : results) stack->push_back(std::move(r));
+        return true;
+      }
+    }
+    if (compat::kBatchNormHidesRunningStatMutation && op.schema().name() == "aten::native_batch_norm")
+      return batch_norm_with_functional_update(stack, wrapper_of);
+    return false;
+  });
+
+  // The captured graph with its module state replaced by the wrappers.
+  ir::GraphModule lifted_gm(gm.shared_graph());
+  for (const auto& [name, attr] : gm.attributes()) lifted_gm.set_attribute(name, attr.first, attr.second);
+  for (size_t k = 0; k < np; ++k)
+    if (j.primals[k].input < 0) lifted_gm.set_attribute(j.primals[k].attribute, wrapped[k], gm.attribute_kind(j.primals[k].attribute));
+  std::vector<at::Tensor> graph_inputs;
+  for (size_t k = 0; k < np; ++k)
+    if (j.primals[k].input >= 0) graph_inputs.push_back(wrapped[k]);
+
+  std::vector<at::Tensor> joint_outputs;
+  {
+    capture::Tracer::Activation active(tracer);
+    at::AutoGradMode grad_mode(want_grads);
+    std::vector<at::Tensor> outs = ir::Interpreter(lifted_gm).run(std::move(graph_inputs));
+
+    // Outputs that are views of a primal are rebuilt as views on each call, not computed.
+    std::vector<at::Tensor> differentiable, tangents;
+    for (const at::Tensor& out : outs) {
+      OutputSource src;
+      for (size_t k = 0; k < np && out.defined(); ++k) {
+        if (!wrapped[k].defined() || !out.is_alias_of(wrapped[k])) continue;
+        TORCH_CHECK(same_strides[k], "aot_autograd: an output is a view of input ", k + 1,
+                    ", whose memory layout could not be reproduced for tracing");
+        src.alias_primal = static_cast<int>(k);
+        src.sizes = out.sizes().vec();
+        src.strides = out.strides().vec();
+        src.storage_offset = out.storage_offset() - inner[k].storage_offset();
+        break;
+      }
+      if (src.alias_primal < 0) {
+        src.graph_output = static_cast<int>(j.num_fw_outputs++);
+        int tangent = -1;
+        if (want_grads && out.requires_grad()) {
+          tangent = static_cast<int>(j.num_tangents++);
+          at::Tensor t;
+          {
+            capture::Tracer::Suspension untraced(capture::TraceLevel::BelowAutograd);
+            at::NoGradGuard no_grad;
+            t = at::ones(out.sizes(), out.options().requires_grad(false));
+          }
+          tracer.add_input(t, "tangents_" + std::to_string(j.num_tangents));
+          differentiable.push_back(out);
+          tangents.push_back(fz::to_functional_tensor(t));
+        }
+        j.tangent_of_fw_output.push_back(tangent);
+        joint_outputs.push_back(out);
+      }
+      j.outputs.push_back(std::move(src));
+    }
+
+    std::vector<at::Tensor> grads;
+    std::vector<size_t> grad_of;
+    if (!differentiable.empty()) {
+      std::vector<at::Tensor> wanted;
+      for (size_t k = 0; k < np; ++k) {
+        if (wrapped[k].defined() && wrapped[k].requires_grad()) {
+          wanted.push_back(wrapped[k]);
+          grad_of.push_back(k);
+        }
+      }
+      grads = torch::autograd::grad(differentiable, wanted, tangents, /*retain_graph=*/false,
+                                    /*create_graph=*/false, /*allow_unused=*/true);
+    }
+    for (at::Tensor& out : joint_outputs) out = unwrap(out);
+    for (size_t k = 0; k < np; ++k) {
+      if (!wrapped[k].defined()) continue;
+      at::Tensor now = unwrap(wrapped[k]);
+      if (now.unsafeGetTensorImpl() == inner[k].unsafeGetTensorImpl()) continue;
+      TORCH_CHECK(!j.primals[k].requires_grad || !want_grads, "aot_autograd: the forward updates ",
+                  j.primals[k].input < 0 ? "'" + j.primals[k].attribute + "'" : "input " + std::to_string(j.primals[k].input),
+                  " in place although it requires grad");
+      j.mutated_primals.push_back(k);
+      joint_outputs.push_back(now);
+    }
+    for (size_t i = 0; i < grads.size(); ++i) {
+      if (!grads[i].defined()) continue;
+      j.grad_primals.push_back(grad_of[i]);
+      joint_outputs.push_back(unwrap(grads[i]));
+    }
+    j.training = !j.grad_primals.empty();
+  }
+  TORCH_CHECK(!tracer.failed(), "aot_autograd: tracing the joint graph failed: ", tracer.failure()->reason);
+  j.gm = tracer.finish(joint_outputs);
+  TORCH_CHECK(j.gm, "aot_autograd: tracing the joint graph failed: ",
+              tracer.failed() ? tracer.failure()->reason : std::string("no graph"));
+  return j;
+}
+
+}  // namespace torchcompile::aot

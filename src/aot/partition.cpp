@@ -1,0 +1,352 @@
+// Splitting the joint graph into forward and backward graphs.
+//
+// Save-all: the forward computes what the forward outputs need; every forward value the
+// backward reads is saved; everything else the gradients need (a `t` of a weight, say) is
+// computed in the backward from saved values.
+//
+// Min cut (functorch's min_cut_rematerialization_partition): each value v becomes an edge
+// v_in -> v_out whose capacity is its size in bytes; an op's inputs feed its outputs with
+// infinite capacity; primals hang off the source; whatever a backward op (one depending on a
+// tangent) reads and every tangent-independent gradient drain into the sink. Ops that may not be
+// recomputed (anything but pointwise ops and views, random ops included) are tied to the source
+// when the forward needs them anyway. The minimum cut is the cheapest set of values to save such
+// that the backward can recompute everything else from them and the tangents.
+#include "aot/aot_internal.h"
+
+#include <torchcompile/ir/printer.h>
+
+#include <algorithm>
+#include <functional>
+#include <limits>
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace torchcompile::aot {
+
+namespace {
+
+using ir::Node;
+using ir::Value;
+
+std::vector<Value> input_values(const Node* n) {
+  std::vector<Value> vs;
+  for (const auto& a : n->args()) a.for_each_value([&](const Value& v) { vs.push_back(v); });
+  return vs;
+}
+
+int64_t bytes_of(const ir::TensorMeta& m) {
+  if (!m.defined) return 0;
+  int64_t numel = 1;
+  for (int64_t s : m.sizes) numel *= s;
+  return numel * static_cast<int64_t>(c10::elementSize(m.dtype));
+}
+
+bool is_view(const Node* n) {
+  if (n->kind() != ir::NodeKind::CallFunction) return false;
+  const auto& returns = n->schema().returns();
+  return returns.size() == 1 && returns[0].alias_info() != nullptr && !returns[0].alias_info()->isWrite();
+}
+
+// Ops cheap enough to recompute in the backward instead of saving their results.
+bool recomputable(const Node* n) {
+  if (is_view(n)) return true;
+  if (ir::op_is_random(n->op()) || ir::op_is_mutating(n->op())) return false;
+  static const std::unordered_set<std::string> kCheap = {
+      "aten::relu",       "aten::gelu",       "aten::sigmoid",     "aten::tanh",        "aten::silu",
+      "aten::hardswish",  "aten::hardsigmoid", "aten::hardtanh",   "aten::leaky_relu",  "aten::elu",
+      "aten::threshold",  "aten::add",        "aten::sub",         "aten::mul",         "aten::div",
+      "aten::neg",        "aten::exp",        "aten::log",         "aten::log1p",       "aten::expm1",
+      "aten::sqrt",       "aten::rsqrt",      "aten::pow",         "aten::abs",         "aten::clamp",
+      "aten::clamp_min",  "aten::clamp_max",  "aten::where",       "aten::erf",         "aten::sin",
+      "aten::cos",        "aten::reciprocal", "aten::sign",        "aten::maximum",     "aten::minimum",
+      "aten::eq",         "aten::ne",         "aten::gt",          "aten::ge",          "aten::lt",
+      "aten::le",         "aten::logical_not", "aten::_to_copy",   "aten::clone",       "aten::fill",
+      "aten::zeros_like", "aten::ones_like",  "aten::full_like",   "aten::scalar_tensor", "aten::lift_fresh",
+      "aten::copy",
+  };
+  return kCheap.count(n->schema().name()) != 0;
+}
+
+// What owns the memory of `v`: its producer, or, through views, the value they view.
+const Node* memory_owner(Value v) {
+  while (is_view(v.node)) {
+    auto ins = input_values(v.node);
+    if (ins.empty()) break;
+    v = ins.front();
+  }
+  return v.node;
+}
+
+std::string value_name(const Value& v) {
+  return v.index == 0 ? v.node->name() : v.node->name() + "_" + std::to_string(v.index);
+}
+
+// A new GraphModule computing `outputs` from `inputs` (which become its placeholders, in order)
+// with the joint graph's nodes; names are kept, attributes copied.
+std::unique_ptr<ir::GraphModule> extract(const ir::GraphModule& joint, const std::vector<Value>& inputs,
+                                         const std::vector<Value>& outputs, const char* what) {
+  auto gm = std::make_unique<ir::GraphModule>();
+  ir::Graph& g = gm->graph();
+  std::unordered_map<Value, Value, ir::ValueHash> env;
+  for (const Value& v : inputs) env.emplace(v, g.placeholder(value_name(v), v.node->output_meta().at(v.index)));
+  std::unordered_set<const Node*> needed;
+  std::vector<Value> todo(outputs.begin(), outputs.end());
+  while (!todo.empty()) {
+    Value v = todo.back();
+    todo.pop_back();
+    if (env.count(v) || !needed.insert(v.node).second) continue;
+    TORCH_INTERNAL_ASSERT(v.node->kind() != ir::NodeKind::Placeholder, "aot partition: the ", what,
+                          " graph needs '", v.node->name(), "', which it does not receive");
+    for (const Value& in : input_values(v.node)) todo.push_back(in);
+  }
+  auto map = [&](const Value& v) { return env.at(v); };
+  for (const auto& owned : joint.graph().nodes()) {
+    Node* n = owned.get();
+    if (!needed.count(n)) continue;
+    if (n->kind() == ir::NodeKind::GetAttr) {
+      env[n->output(0)] = g.get_attr(n->target(), n->output_meta().at(0));
+      gm->set_attribute(n->target(), joint.attribute(n->target()), joint.attribute_kind(n->target()));
+      continue;
+    }
+    TORCH_INTERNAL_ASSERT(n->kind() == ir::NodeKind::CallFunction, "aot partition: unexpected node ", n->name());
+    std::vector<ir::Argument> args;
+    for (const auto& a : n->args()) {
+      if (a.is_value()) {
+        args.emplace_back(map(a.value()));
+      } else if (a.is_list()) {
+        std::vector<std::optional<Value>> list;
+        for (const auto& e : a.list()) list.push_back(e ? std::optional<Value>(map(*e)) : std::nullopt);
+        args.emplace_back(std::move(list));
+      } else {
+        args.emplace_back(a.constant());
+      }
+    }
+    Node* copy = g.call_function(n->op(), std::move(args), n->output_meta(), n->return_counts());
+    g.rename(copy, n->name());
+    copy->set_module_path(n->module_path());
+    for (size_t i = 0; i < n->num_outputs(); ++i) env[n->output(i)] = copy->output(i);
+  }
+  std::vector<Value> outs;
+  for (const Value& v : outputs) outs.push_back(map(v));
+  g.output(std::move(outs));
+  return gm;
+}
+
+// Nodes `roots` depend on, walking back until `stop` says so (stopped nodes are not included).
+std::unordered_set<const Node*> ancestors(const std::vector<Value>& roots, const std::function<bool(const Node*)>& stop) {
+  std::unordered_set<const Node*> seen;
+  std::vector<const Node*> todo;
+  for (const Value& v : roots) todo.push_back(v.node);
+  while (!todo.empty()) {
+    const Node* n = todo.back();
+    todo.pop_back();
+    if (stop(n) || !seen.insert(n).second) continue;
+    for (const Value& in : input_values(n)) todo.push_back(in.node);
+  }
+  return seen;
+}
+
+// Maximum flow / minimum cut (Dinic) over int64 capacities; kInf edges are never cut.
+class MinCut {
+ public:
+  static constexpr int64_t kInf = std::numeric_limits<int64_t>::max() / 4;
+
+  explicit MinCut(size_t n) : adj_(n), level_(n), next_(n) {}
+  void add(int from, int to, int64_t cap) {
+    adj_[from].push_back({to, adj_[to].size(), cap});
+    adj_[to].push_back({from, adj_[from].size() - 1, 0});
+  }
+  // Returns which nodes stay on the source's side of a minimum cut.
+  std::vector<bool> solve(int s, int t) {
+    while (bfs(s, t)) {
+      std::fill(next_.begin(), next_.end(), 0);
+      while (dfs(s, t, kInf) > 0) {
+      }
+    }
+    std::vector<bool> reach(adj_.size(), false);
+    bfs(s, -1);
+    for (size_t i = 0; i < adj_.size(); ++i) reach[i] = level_[i] >= 0;
+    return reach;
+  }
+
+ private:
+  struct Edge {
+    int to;
+    size_t rev;
+    int64_t cap;
+  };
+  bool bfs(int s, int t) {
+    std::fill(level_.begin(), level_.end(), -1);
+    std::queue<int> q;
+    level_[s] = 0;
+    q.push(s);
+    while (!q.empty()) {
+      int u = q.front();
+      q.pop();
+      for (const Edge& e : adj_[u]) {
+        if (e.cap > 0 && level_[e.to] < 0) {
+          level_[e.to] = level_[u] + 1;
+          q.push(e.to);
+        }
+      }
+    }
+    return t >= 0 && level_[t] >= 0;
+  }
+  int64_t dfs(int u, int t, int64_t f) {
+    if (u == t) return f;
+    for (size_t& i = next_[u]; i < adj_[u].size(); ++i) {
+      Edge& e = adj_[u][i];
+      if (e.cap <= 0 || level_[e.to] != level_[u] + 1) continue;
+      int64_t d = dfs(e.to, t, std::min(f, e.cap));
+      if (d > 0) {
+        e.cap -= d;
+        if (adj_[e.to][e.rev].cap < kInf) adj_[e.to][e.rev].cap += d;
+        return d;
+      }
+    }
+    return 0;
+  }
+  std::vector<std::vector<Edge>> adj_;
+  std::vector<int> level_;
+  std::vector<size_t> next_;
+};
+
+std::vector<Value> min_cut_saved(const ir::Graph& g, const std::unordered_set<const Node*>& tangent_dependent,
+                                 const std::unordered_set<const Node*>& required_fw,
+                                 const std::vector<Value>& grad_outputs) {
+  std::unordered_map<Value, int, ir::ValueHash> id;
+  std::vector<Value> values;
+  for (const auto& owned : g.nodes()) {
+    Node* n = owned.get();
+    if (n->kind() == ir::NodeKind::GetAttr || n->kind() == ir::NodeKind::Output || tangent_dependent.count(n)) continue;
+    for (size_t i = 0; i < n->num_outputs(); ++i) {
+      id.emplace(n->output(i), static_cast<int>(values.size()));
+      values.push_back(n->output(i));
+    }
+  }
+  const int source = 0, sink = 1;
+  auto in = [&](const Value& v) { return 2 + 2 * id.at(v); };
+  auto out = [&](const Value& v) { return 3 + 2 * id.at(v); };
+  MinCut net(2 + 2 * values.size());
+  for (const auto& owned : g.nodes()) {
+    Node* n = owned.get();
+    if (n->kind() == ir::NodeKind::GetAttr || n->kind() == ir::NodeKind::Output) continue;
+    std::vector<Value> ins;
+    for (const Value& v : input_values(n))
+      if (id.count(v)) ins.push_back(v);
+    if (tangent_dependent.count(n)) {
+      for (const Value& v : ins) net.add(out(v), sink, MinCut::kInf);
+      continue;
+    }
+    const bool primal = n->kind() == ir::NodeKind::Placeholder;
+    const bool pinned = primal || (required_fw.count(n) && !recomputable(n));
+    for (size_t i = 0; i < n->num_outputs(); ++i) {
+      Value o = n->output(i);
+      net.add(in(o), out(o), bytes_of(n->output_meta()[i]));
+      if (pinned) net.add(source, in(o), MinCut::kInf);
+      for (const Value& v : ins) net.add(out(v), in(o), MinCut::kInf);
+    }
+  }
+  for (const Value& v : grad_outputs)
+    if (id.count(v)) net.add(out(v), sink, MinCut::kInf);
+  std::vector<bool> reach = net.solve(source, sink);
+  std::vector<Value> saved;
+  for (const Value& v : values)
+    if (reach[in(v)] && !reach[out(v)]) saved.push_back(v);
+  return saved;
+}
+
+size_t count_ops(const ir::GraphModule& gm) {
+  size_t k = 0;
+  for (const auto& n : gm.graph().nodes()) k += n->kind() == ir::NodeKind::CallFunction;
+  return k;
+}
+
+}  // namespace
+
+Partition partition_joint(const JointGraph& j, Partitioner partitioner) {
+  const ir::GraphModule& jgm = *j.gm;
+  const ir::Graph& g = jgm.graph();
+  std::vector<Value> outs;
+  for (const auto& v : g.output_node()->args().at(0).list()) outs.push_back(*v);
+  const size_t num_forward = j.num_fw_outputs + j.mutated_primals.size();
+  TORCH_INTERNAL_ASSERT(outs.size() == num_forward + j.grad_primals.size(), "aot partition: joint output count");
+  std::vector<Value> fw_outputs(outs.begin(), outs.begin() + num_forward);
+  std::vector<Value> grad_outputs(outs.begin() + num_forward, outs.end());
+  std::vector<Value> primals, tangents;
+  for (Node* p : g.placeholders()) (primals.size() < j.primals.size() ? primals : tangents).push_back(p->output(0));
+
+  Partition part;
+  part.report.partitioner = partitioner;
+  if (!j.training) {
+    part.forward = extract(jgm, primals, fw_outputs, "forward");
+    part.report.forward_nodes = count_ops(*part.forward);
+    return part;
+  }
+
+  std::unordered_set<const Node*> tangent_dependent;
+  for (const Value& t : tangents) tangent_dependent.insert(t.node);
+  for (const auto& owned : g.nodes()) {
+    if (owned->kind() != ir::NodeKind::CallFunction) continue;
+    for (const Value& v : input_values(owned.get())) {
+      if (tangent_dependent.count(v.node)) {
+        tangent_dependent.insert(owned.get());
+        break;
+      }
+    }
+  }
+  const auto required_fw = ancestors(fw_outputs, [](const Node*) { return false; });
+  auto available_in_forward = [&](const Node* n) {
+    return n->kind() == ir::NodeKind::GetAttr || n->kind() == ir::NodeKind::Placeholder
+               ? !tangent_dependent.count(n)
+               : required_fw.count(n) != 0;
+  };
+
+  std::vector<Value> saved;
+  if (partitioner == Partitioner::SaveAll) {
+    // The backward computes what the gradients need beyond the forward's values, and reads
+    // those forward values it uses.
+    const auto backward = ancestors(grad_outputs, available_in_forward);
+    std::unordered_set<Value, ir::ValueHash> chosen;
+    auto save = [&](const Value& v) {
+      if (v.node->kind() == ir::NodeKind::GetAttr || !available_in_forward(v.node)) return;
+      chosen.insert(v);
+    };
+    for (const Node* n : backward)
+      for (const Value& v : input_values(n)) save(v);
+    for (const Value& v : grad_outputs) save(v);
+    for (const auto& owned : g.nodes())
+      for (size_t i = 0; i < owned->num_outputs(); ++i)
+        if (chosen.count(owned->output(i))) saved.push_back(owned->output(i));
+  } else {
+    saved = min_cut_saved(g, tangent_dependent, required_fw, grad_outputs);
+  }
+  for (const Value& v : saved) {
+    if (v.node->kind() != ir::NodeKind::Placeholder) continue;
+    for (size_t m = 0; m < j.mutated_primals.size(); ++m)
+      TORCH_CHECK(primals.at(j.mutated_primals[m]) != v, "aot_autograd: the backward reads '", v.node->name(),
+                  "', which the forward updates in place");
+  }
+
+  std::vector<Value> forward_outputs = fw_outputs;
+  forward_outputs.insert(forward_outputs.end(), saved.begin(), saved.end());
+  part.forward = extract(jgm, primals, forward_outputs, "forward");
+  std::vector<Value> backward_inputs = saved;
+  backward_inputs.insert(backward_inputs.end(), tangents.begin(), tangents.end());
+  part.backward = extract(jgm, backward_inputs, grad_outputs, "backward");
+  part.num_saved = saved.size();
+
+  PartitionReport& r = part.report;
+  r.forward_nodes = count_ops(*part.forward);
+  r.backward_nodes = count_ops(*part.backward);
+  r.saved_values = saved.size();
+  for (const Value& v : saved) {
+    r.saved_names.push_back(value_name(v));
+    if (v.node->kind() == ir::NodeKind::Placeholder) ++r.saved_primals;
+    if (memory_owner(v)->kind() != ir::NodeKind::Placeholder) r.saved_activation_bytes += bytes_of(v.node->output_meta()[v.index]);
+  }
+  return part;
+}
+
+}  // namespace torchcompile::aot

@@ -1,0 +1,522 @@
+// AOT autograd: joint graphs, functionalization, partitioners, the autograd::Function runtime,
+// and gradient parity with eager LibTorch under aot_eager.
+#include "support/test_util.h"
+
+#include <torchcompile/aot.h>
+#include <torchcompile/ir/interpreter.h>
+
+using tc_test::error_of;
+using tc_test::tensors_close;
+using tc_test::tensors_equal;
+using torchcompile::GraphModule;
+
+namespace {
+
+// aot_autograd around the interpreter that keeps every forward and backward graph it compiles
+// and fails the test if a graph still mutates or aliases anything it should not.
+struct Recorder {
+  struct State {
+    std::mutex mutex;
+    std::vector<std::string> forward, backward;
+    std::vector<std::vector<std::string>> forward_ops, backward_ops;
+  };
+  std::shared_ptr<State> state = std::make_shared<State>();
+
+  static torchcompile::Backend compiler(std::shared_ptr<State> st, bool backward) {
+    return [st, backward](GraphModule& gm, const std::vector<at::Tensor>&) -> torchcompile::CompiledFn {
+      std::vector<std::string> ops;
+      for (const auto& n : gm.graph().nodes()) {
+        if (n->kind() != torchcompile::ir::NodeKind::CallFunction) continue;
+        ops.push_back(n->target());
+        EXPECT_FALSE(torchcompile::ir::op_is_mutating(n->op())) << "functionalized graph mutates: " << n->target();
+      }
+      {
+        std::lock_guard<std::mutex> lock(st->mutex);
+        (backward ? st->backward : st->forward).push_back(torchcompile::ir::to_text(gm.graph()));
+        (backward ? st->backward_ops : st->forward_ops).push_back(std::move(ops));
+      }
+      auto interp = std::make_shared<torchcompile::ir::Interpreter>(gm);
+      return [interp](std::vector<at::Tensor> in) { return interp->run(std::move(in)); };
+    };
+  }
+  torchcompile::Backend backend(torchcompile::DecompositionTable d = {},
+                                torchcompile::Partitioner p = torchcompile::Partitioner::SaveAll) const {
+    return torchcompile::aot_autograd(compiler(state, false), compiler(state, true), std::move(d), p);
+  }
+  size_t forwards() const { return state->forward.size(); }
+  size_t backwards() const { return state->backward.size(); }
+};
+
+size_t count(const std::vector<std::string>& ops, const std::string& target) {
+  return static_cast<size_t>(std::count(ops.begin(), ops.end(), target));
+}
+
+// Training parity: `steps` SGD steps of the module compiled with `backend` against an eager
+// clone; after every backward all parameter and input gradients must match, and at the end
+// every parameter and buffer.
+template <typename M, typename Loss>
+void check_training(std::shared_ptr<M> module, torchcompile::CompileOptions backend,
+                    const std::function<std::vector<torch::Tensor>()>& make_inputs, Loss loss, int steps = 5,
+                    double rtol = 1e-4, double atol = 1e-5) {
+  for (auto& p : module->parameters()) p.mutable_grad() = torch::Tensor();
+  auto reference = std::dynamic_pointer_cast<M>(module->clone());
+  ASSERT_TRUE(reference);
+  auto compiled = torch::compile(module, backend);
+  for (int step = 0; step < steps; ++step) {
+    std::vector<torch::Tensor> xs = make_inputs(), ys;
+    for (auto& x : xs) ys.push_back(x.detach().clone().requires_grad_(x.requires_grad()));
+    torch::manual_seed(100 + step);
+    torch::Tensor expected = loss(reference, xs);
+    torch::manual_seed(100 + step);
+    torch::Tensor actual = loss(compiled, ys);
+    ASSERT_TRUE(tensors_close(expected, actual, rtol, atol)) << "loss at step " << step;
+    expected.backward();
+    actual.backward();
+    auto ref_params = reference->named_parameters();
+    for (const auto& p : module->named_parameters()) {
+      ASSERT_EQ(ref_params[p.key()].grad().defined(), p.value().grad().defined()) << p.key();
+      if (!p.value().grad().defined()) continue;
+      EXPECT_TRUE(tensors_close(ref_params[p.key()].grad(), p.value().grad(), rtol, atol))
+          << "grad of " << p.key() << " at step " << step;
+    }
+    for (size_t i = 0; i < xs.size(); ++i)
+      if (xs[i].requires_grad()) EXPECT_TRUE(tensors_close(xs[i].grad(), ys[i].grad(), rtol, atol)) << "input grad " << i;
+    torch::NoGradGuard no_grad;
+    for (auto* m : {static_cast<torch::nn::Module*>(reference.get()), static_cast<torch::nn::Module*>(module.get())}) {
+      for (auto& p : m->parameters()) {
+        if (!p.grad().defined()) continue;
+        p.sub_(p.grad() * 0.05);
+        p.grad().zero_();
+      }
+    }
+  }
+  auto ref_buffers = reference->named_buffers();
+  for (const auto& b : module->named_buffers())
+    EXPECT_TRUE(tensors_close(ref_buffers[b.key()], b.value(), rtol, atol)) << "buffer " << b.key();
+  auto ref_params = reference->named_parameters();
+  for (const auto& p : module->named_parameters())
+    EXPECT_TRUE(tensors_close(ref_params[p.key()], p.value(), rtol, atol)) << "parameter " << p.key();
+  EXPECT_EQ(compiled.state().num_entries(), 1u);
+  EXPECT_FALSE(compiled.state().entries().front()->runs_eagerly()) << compiled.state().entries().front()->eager_reason();
+}
+
+auto sum_of_squares = [](auto& m, const std::vector<torch::Tensor>& xs) { return m->forward(xs[0]).pow(2).sum(); };
+
+std::function<std::vector<torch::Tensor>()> randn_input(std::vector<int64_t> shape, bool requires_grad = true) {
+  return [shape, requires_grad] { return std::vector<torch::Tensor>{torch::randn(shape).requires_grad_(requires_grad)}; };
+}
+
+// Seed 003's SimpleNN.
+struct SimpleNNImpl : torch::nn::Cloneable<SimpleNNImpl> {
+  explicit SimpleNNImpl(int64_t input_dim) : input_dim(input_dim) { reset(); }
+  void reset() override {
+    fc1 = register_module("fc1", torch::nn::Linear(input_dim, 64));
+    fc2 = register_module("fc2", torch::nn::Linear(64, 32));
+    fc3 = register_module("fc3", torch::nn::Linear(32, 1));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::relu(fc1(x));
+    x = torch::relu(fc2(x));
+    return fc3(x);
+  }
+  int64_t input_dim;
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+};
+TORCH_MODULE(SimpleNN);
+
+struct MlpBlockImpl : torch::nn::Cloneable<MlpBlockImpl> {
+  MlpBlockImpl() { reset(); }
+  void reset() override {
+    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({16})));
+    up = register_module("up", torch::nn::Linear(16, 64));
+    down = register_module("down", torch::nn::Linear(64, 16));
+  }
+  torch::Tensor forward(torch::Tensor x) { return x + down(torch::gelu(up(norm(x)))); }
+  torch::nn::LayerNorm norm{nullptr};
+  torch::nn::Linear up{nullptr}, down{nullptr};
+};
+TORCH_MODULE(MlpBlock);
+
+struct ConvNetImpl : torch::nn::Cloneable<ConvNetImpl> {
+  ConvNetImpl() { reset(); }
+  void reset() override {
+    conv = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 8, 3).padding(1)));
+    bn = register_module("bn", torch::nn::BatchNorm2d(8));
+    head = register_module("head", torch::nn::Linear(8, 4));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::max_pool2d(torch::relu(bn(conv(x))), 2);
+    return head(torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1));
+  }
+  torch::nn::Conv2d conv{nullptr};
+  torch::nn::BatchNorm2d bn{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(ConvNet);
+
+struct EmbedLstmImpl : torch::nn::Cloneable<EmbedLstmImpl> {
+  EmbedLstmImpl() { reset(); }
+  void reset() override {
+    embed = register_module("embed", torch::nn::Embedding(20, 8));
+    lstm = register_module("lstm", torch::nn::LSTM(torch::nn::LSTMOptions(8, 12).batch_first(true)));
+    head = register_module("head", torch::nn::Linear(12, 3));
+  }
+  torch::Tensor forward(torch::Tensor tokens) {
+    auto out = std::get<0>(lstm(embed(tokens)));
+    return head(out.select(1, -1));
+  }
+  torch::nn::Embedding embed{nullptr};
+  torch::nn::LSTM lstm{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(EmbedLstm);
+
+struct DropoutNetImpl : torch::nn::Cloneable<DropoutNetImpl> {
+  DropoutNetImpl() { reset(); }
+  void reset() override {
+    fc = register_module("fc", torch::nn::Linear(10, 10));
+    drop = register_module("drop", torch::nn::Dropout(0.5));
+  }
+  torch::Tensor forward(torch::Tensor x) { return drop(torch::relu(fc(x))) * 2; }
+  torch::nn::Linear fc{nullptr};
+  torch::nn::Dropout drop{nullptr};
+};
+TORCH_MODULE(DropoutNet);
+
+// In-place ops and views inside the forward, on intermediates and on a parameter's view.
+struct InPlaceViewsImpl : torch::nn::Cloneable<InPlaceViewsImpl> {
+  InPlaceViewsImpl() { reset(); }
+  void reset() override { w = register_parameter("w", torch::randn({5, 4})); }
+  torch::Tensor forward(torch::Tensor x) {
+    auto y = x * 2;
+    y.add_(1);
+    auto flat = y.view({-1});
+    flat.mul_(0.5);                 // through a view
+    y.unsqueeze(0).mul_(3);         // through another view
+    auto z = y.t().matmul(w.t());   // (6, 4) @ (4, 5): uses a transposed parameter
+    z.relu_();
+    return z.sum(0);
+  }
+  torch::Tensor w;
+};
+TORCH_MODULE(InPlaceViews);
+
+}  // namespace
+
+TEST(Aot, SimpleNNForwardAndBackwardGraphsMatchSeed003) {
+  torch::manual_seed(0);
+  SimpleNN model(2);
+  Recorder rec;
+  auto compiled = torch::compile(model, rec.backend());
+  auto x = torch::randn({5, 2});
+  auto out = compiled(x);
+  out.sum().backward();
+  ASSERT_EQ(rec.forwards(), 1u);
+  ASSERT_EQ(rec.backwards(), 1u);
+  const auto& fw = rec.state->forward_ops[0];
+  const auto& bw = rec.state->backward_ops[0];
+  EXPECT_EQ(count(fw, "aten::t"), 3u);
+  EXPECT_EQ(count(fw, "aten::addmm"), 3u);
+  EXPECT_EQ(count(fw, "aten::relu"), 2u);
+  EXPECT_EQ(count(bw, "aten::threshold_backward"), 2u);
+  EXPECT_GE(count(bw, "aten::mm"), 5u);  // 3 weight gradients, 2 input gradients (x needs none)
+  EXPECT_EQ(count(bw, "aten::sum.dim_IntList"), 3u);
+  // primals: the parameters in the order the forward reads them, then the input; then tangents.
+  const std::string& fwt = rec.state->forward[0];
+  for (int k = 1; k <= 7; ++k) EXPECT_NE(fwt.find("%primals_" + std::to_string(k) + " "), std::string::npos) << fwt;
+  EXPECT_EQ(fwt.find("tangents"), std::string::npos);
+  EXPECT_NE(rec.state->backward[0].find("tangents_1"), std::string::npos) << rec.state->backward[0];
+  // The graphs compute what eager computes.
+  auto reference = std::dynamic_pointer_cast<SimpleNNImpl>(model->clone());
+  EXPECT_TRUE(tensors_close(reference->forward(x), out));
+}
+
+TEST(Aot, JointGraphLayoutAndReport) {
+  torch::manual_seed(0);
+  SimpleNN model(2);
+  torchcompile::aot::AotGraphs graphs;
+  auto compiled = torch::compile(model, [&](GraphModule& gm, const std::vector<at::Tensor>& xs) {
+    graphs = torchcompile::aot::trace_and_partition(gm, xs);
+    return torchcompile::lookup_backend("eager")(gm, xs);
+  });
+  auto w_before = model->fc1->weight.clone();
+  torch::manual_seed(1);
+  auto r_before = torch::rand({3});
+  torch::manual_seed(1);
+  compiled(torch::randn({5, 2}));
+  EXPECT_TRUE(tensors_equal(w_before, model->fc1->weight)) << "tracing must not touch the parameters";
+  // The joint graph's primals are followed by one tangent; save-all saves the input and the
+  // activations the weight gradients need.
+  EXPECT_NE(graphs.joint.find("%tangents_1"), std::string::npos);
+  EXPECT_EQ(graphs.report.partitioner, torchcompile::Partitioner::SaveAll);
+  EXPECT_GT(graphs.report.saved_values, 0u);
+  EXPECT_GT(graphs.report.saved_activation_bytes, 0);
+  EXPECT_GT(graphs.report.backward_nodes, 0u);
+}
+
+TEST(Aot, InferenceBuildsAForwardOnlyGraph) {
+  torch::manual_seed(0);
+  SimpleNN model(4);
+  Recorder rec;
+  auto compiled = torch::compile(model, rec.backend());
+  torch::NoGradGuard no_grad;
+  auto reference = std::dynamic_pointer_cast<SimpleNNImpl>(model->clone());
+  for (int i = 0; i < 3; ++i) {
+    auto x = torch::randn({3, 4});
+    EXPECT_TRUE(tensors_close(reference->forward(x), compiled(x)));
+  }
+  EXPECT_EQ(rec.forwards(), 1u);
+  EXPECT_EQ(rec.backwards(), 0u);
+}
+
+TEST(Aot, MlpGradientsMatchEager) {
+  torch::manual_seed(0);
+  auto mlp = torch::nn::Sequential(torch::nn::Linear(12, 32), torch::nn::ReLU(), torch::nn::Linear(32, 32),
+                                   torch::nn::ReLU(), torch::nn::Linear(32, 5));
+  check_training(mlp.ptr(), "aot_eager", randn_input({8, 12}), sum_of_squares);
+}
+
+TEST(Aot, ConvBatchNormTrainingMatchesEagerIncludingRunningStats) {
+  torch::manual_seed(0);
+  ConvNet net;
+  Recorder rec;
+  check_training(net.ptr(), rec.backend(), randn_input({4, 3, 10, 10}), sum_of_squares, 5);
+  EXPECT_EQ(rec.backwards(), 1u);
+  EXPECT_EQ(net->bn->num_batches_tracked.item<int64_t>(), 5);
+  // The running statistics come back as extra forward outputs, not as in-place updates.
+  for (const auto& ops : rec.state->forward_ops)
+    for (const auto& op : ops) EXPECT_EQ(op.find("_("), std::string::npos) << op;
+}
+
+TEST(Aot, LayerNormGeluBlockGradientsMatchEager) {
+  torch::manual_seed(0);
+  check_training(MlpBlock().ptr(), "aot_eager", randn_input({4, 7, 16}), sum_of_squares);
+}
+
+TEST(Aot, EmbeddingLstmGradientsMatchEager) {
+  torch::manual_seed(0);
+  auto tokens = [] { return std::vector<torch::Tensor>{torch::randint(0, 20, {3, 5})}; };
+  check_training(EmbedLstm().ptr(), "aot_eager", tokens, sum_of_squares);
+}
+
+TEST(Aot, TransformerEncoderLayerGradientsMatchEager) {
+  torch::manual_seed(0);
+  auto layer = torch::nn::TransformerEncoderLayer(torch::nn::TransformerEncoderLayerOptions(16, 2).dim_feedforward(32).dropout(0.0));
+  auto loss = [](auto& m, const std::vector<torch::Tensor>& xs) { return m->forward(xs[0]).pow(2).sum(); };
+  check_training(layer.ptr(), "aot_eager", randn_input({5, 2, 16}), loss, 3, 1e-4, 1e-4);
+}
+
+TEST(Aot, DropoutWithAFixedSeedMatchesEager) {
+  torch::manual_seed(0);
+  DropoutNet net;
+  check_training(net.ptr(), "aot_eager", randn_input({6, 10}), sum_of_squares);
+}
+
+TEST(Aot, InPlaceOpsAndViewsAreFunctionalized) {
+  torch::manual_seed(0);
+  InPlaceViews net;
+  Recorder rec;
+  check_training(net.ptr(), rec.backend(), randn_input({4, 6}), sum_of_squares);
+  ASSERT_EQ(rec.backwards(), 1u);
+}
+
+TEST(Aot, InPlaceOnANonContiguousViewWhileTrainingRunsUnderOrdinaryAutograd) {
+  auto w = torch::randn({4, 6}, torch::requires_grad());
+  auto fn = [&](torch::Tensor x) {
+    auto y = x * w;
+    y.slice(1, 0, 2).tanh_();  // functionalization would give autograd the wrong strides here
+    return y.pow(2).sum();
+  };
+  Recorder rec;
+  auto compiled = torch::compile(fn, rec.backend());
+  for (int i = 0; i < 3; ++i) {
+    auto x = torch::randn({4, 6});
+    w.mutable_grad() = torch::Tensor();
+    fn(x).backward();
+    auto expected = w.grad().clone();
+    w.mutable_grad() = torch::Tensor();
+    compiled(x).backward();
+    EXPECT_TRUE(tensors_close(expected, w.grad()));
+  }
+  EXPECT_EQ(rec.backwards(), 0u) << "the graph must not be lifted";
+  // Without gradients the same graph is lifted (forward only).
+  torch::NoGradGuard no_grad;
+  auto x = torch::randn({4, 6});
+  EXPECT_TRUE(tensors_close(fn(x), compiled(x)));
+  EXPECT_EQ(rec.forwards(), 1u);
+}
+
+TEST(Aot, OutputThatIsAViewOfAnInputAliasesIt) {
+  auto fn = [](torch::Tensor x, torch::Tensor y) { return std::make_tuple(x.t(), (x * y).sum(0)); };
+  auto compiled = torch::compile(fn, "aot_eager");
+  for (int i = 0; i < 2; ++i) {
+    auto x = torch::randn({3, 4}, torch::requires_grad()), y = torch::randn({3, 4});
+    auto x2 = x.detach().clone().requires_grad_();
+    auto [a, b] = fn(x, y);
+    auto [c, d] = compiled(x2, y);
+    EXPECT_TRUE(c.is_alias_of(x2)) << "a view of an input must stay a view";
+    EXPECT_TRUE(tensors_close(a, c));
+    EXPECT_TRUE(tensors_close(b, d));
+    (a.sum() * 3 + b.pow(2).sum()).backward();
+    (c.sum() * 3 + d.pow(2).sum()).backward();
+    EXPECT_TRUE(tensors_close(x.grad(), x2.grad()));
+  }
+}
+
+TEST(Aot, InputMutationIsCopiedBack) {
+  auto fn = [](torch::Tensor x, torch::Tensor w) {
+    x.mul_(2);
+    return (x * w).sum();
+  };
+  auto compiled = torch::compile(fn, "aot_eager");
+  auto x = torch::randn({5}), w = torch::randn({5}, torch::requires_grad());
+  auto x2 = x.clone(), w2 = w.detach().clone().requires_grad_();
+  auto e = fn(x, w);
+  auto c = compiled(x2, w2);
+  EXPECT_TRUE(tensors_equal(x, x2));
+  EXPECT_TRUE(tensors_close(e, c));
+  e.backward();
+  c.backward();
+  EXPECT_TRUE(tensors_close(w.grad(), w2.grad()));
+}
+
+TEST(Aot, MinCutSavesLessThanSaveAllWithTheSameGradients) {
+  torch::manual_seed(0);
+  auto mlp = torch::nn::Sequential(torch::nn::Linear(32, 128), torch::nn::GELU(), torch::nn::Linear(128, 32));
+  auto x = torch::randn({16, 32});
+  torchcompile::aot::PartitionReport save_all, min_cut;
+  auto probe = [&](torchcompile::Partitioner p, torchcompile::aot::PartitionReport& out) {
+    return [&, p](GraphModule& gm, const std::vector<at::Tensor>& xs) {
+      out = torchcompile::aot::trace_and_partition(gm, xs, {}, p).report;
+      return torchcompile::lookup_backend("eager")(gm, xs);
+    };
+  };
+  torch::compile(mlp.ptr(), probe(torchcompile::Partitioner::SaveAll, save_all))(x).sum().backward();
+  torch::compile(mlp.ptr(), probe(torchcompile::Partitioner::MinCut, min_cut))(x).sum().backward();
+  EXPECT_GT(save_all.saved_activation_bytes, 0);
+  EXPECT_LT(min_cut.saved_activation_bytes, save_all.saved_activation_bytes)
+      << "save-all saves " << c10::Join(", ", save_all.saved_names) << "; min-cut saves "
+      << c10::Join(", ", min_cut.saved_names);
+  // Gradients under the min-cut partition match eager.
+  Recorder rec;
+  check_training(mlp.ptr(), rec.backend({}, torchcompile::Partitioner::MinCut), randn_input({16, 32}), sum_of_squares);
+  ASSERT_EQ(rec.backwards(), 1u);
+  EXPECT_GE(count(rec.state->backward_ops[0], "aten::gelu"), 1u) << "min-cut recomputes the GELU in the backward";
+}
+
+TEST(Aot, DecompositionsReplaceOps) {
+  torch::manual_seed(0);
+  SimpleNN model(2);
+  Recorder rec;
+  auto compiled = torch::compile(model, rec.backend(torchcompile::get_decompositions({"aten::addmm"})));
+  auto reference = std::dynamic_pointer_cast<SimpleNNImpl>(model->clone());
+  auto x = torch::randn({5, 2});
+  EXPECT_TRUE(tensors_close(reference->forward(x), compiled(x), 1e-5, 1e-6));
+  ASSERT_EQ(rec.forwards(), 1u);
+  EXPECT_EQ(count(rec.state->forward_ops[0], "aten::addmm"), 0u);
+  EXPECT_EQ(count(rec.state->forward_ops[0], "aten::mm"), 3u);
+  EXPECT_NE(error_of([] { torchcompile::get_decompositions({"aten::nonexistent"}); }).find("available: aten::addmm"),
+            std::string::npos);
+}
+
+TEST(Aot, EveryBuiltinDecompositionMatchesEager) {
+  for (const std::string& op : torchcompile::available_decompositions()) {
+    SCOPED_TRACE(op);
+    auto w = torch::randn({6, 6}, torch::requires_grad()), b = torch::randn({6}, torch::requires_grad());
+    auto fn = [&](torch::Tensor x) {
+      auto h = torch::addmm(b, x, w);
+      return torch::gelu(h) + torch::gelu(h, "tanh") + torch::silu(h) + torch::hardswish(h) +
+             torch::hardsigmoid(h) + torch::leaky_relu(h, 0.1);
+    };
+    Recorder rec;
+    auto compiled = torch::compile(fn, rec.backend(torchcompile::get_decompositions({op})));
+    auto x = torch::randn({4, 6}) * 3;
+    auto expected = fn(x);
+    auto actual = compiled(x);
+    EXPECT_TRUE(tensors_close(expected, actual, 1e-5, 1e-5));
+    ASSERT_EQ(rec.forwards(), 1u);
+    EXPECT_EQ(count(rec.state->forward_ops[0], op), 0u);
+  }
+}
+
+TEST(Aot, GraphBreaksGiveOneFunctionPerSegment) {
+  torch::manual_seed(0);
+  auto lin = torch::nn::Linear(4, 4);
+  auto fn = [&lin](torch::Tensor x) {
+    auto h = lin->forward(x).tanh();
+    if (h.sum().template item<double>() > 0) return (h * 2).relu().sum();
+    return (h - 1).sum();
+  };
+  Recorder rec;
+  auto compiled = torch::compile(fn, rec.backend());
+  for (int i = 0; i < 4; ++i) {
+    auto x = torch::randn({3, 4});
+    for (auto& p : lin->parameters()) p.mutable_grad() = torch::Tensor();
+    fn(x).backward();
+    std::vector<torch::Tensor> expected;
+    for (auto& p : lin->parameters()) expected.push_back(p.grad().clone()), p.mutable_grad() = torch::Tensor();
+    compiled(x).backward();
+    auto params = lin->parameters();
+    for (size_t k = 0; k < params.size(); ++k) EXPECT_TRUE(tensors_close(expected[k], params[k].grad()));
+  }
+  EXPECT_GE(rec.forwards(), 2u);
+  EXPECT_EQ(rec.forwards(), rec.backwards());
+}
+
+TEST(Aot, RetainGraphWorksAndDoubleBackwardIsRefused) {
+  torch::manual_seed(0);
+  auto lin = torch::nn::Linear(3, 3);
+  auto compiled = torch::compile(lin, "aot_eager");
+  auto x = torch::randn({2, 3}, torch::requires_grad());
+  compiled(x);  // the traced call; later calls run the compiled pair
+  auto y = compiled(x).pow(2).sum();
+  y.backward({}, /*retain_graph=*/true);
+  auto once = lin->weight.grad().clone();
+  y.backward();
+  EXPECT_TRUE(tensors_close(once * 2, lin->weight.grad()));
+  EXPECT_NE(error_of([&] { y.backward(); }).find("second time"), std::string::npos);
+
+  auto z = compiled(x).pow(2).sum();
+  std::string msg = error_of([&] { torch::autograd::grad({z}, {x}, {}, true, /*create_graph=*/true); });
+  EXPECT_NE(msg.find("double backward"), std::string::npos) << msg;
+}
+
+TEST(Aot, BoxedFunctionsAsCompilers) {
+  std::atomic<int> calls{0};
+  auto compiler = [&](GraphModule& gm, const std::vector<at::Tensor>&) {
+    auto interp = std::make_shared<torchcompile::ir::Interpreter>(gm);
+    return torchcompile::make_boxed_func([interp, &calls](const std::vector<at::Tensor>& in) {
+      ++calls;
+      return interp->run(in);
+    });
+  };
+  torch::manual_seed(0);
+  auto lin = torch::nn::Linear(3, 2);
+  auto compiled = torch::compile(lin, torchcompile::aot_autograd(compiler));
+  auto x = torch::randn({4, 3});
+  compiled(x);
+  compiled(x).sum().backward();
+  EXPECT_EQ(calls.load(), 2);  // one forward, one backward (the first call was the traced one)
+  EXPECT_TRUE(lin->weight.grad().defined());
+}
+
+TEST(Aot, OpaqueModuleCallsRunUnderOrdinaryAutograd) {
+  torch::manual_seed(0);
+  auto inner = torch::nn::Linear(4, 4);
+  auto outer = torch::nn::Linear(4, 4);
+  int fired = 0;
+  torchcompile::register_forward_hook(inner, [&](torch::nn::Module&, const torchcompile::Tensors&,
+                                                 const torchcompile::Tensors&) { ++fired; });
+  auto fn = [&](torch::Tensor x) { return outer(torchcompile::call(inner, x)).relu().sum(); };
+  auto compiled = torch::compile(fn, "aot_eager");
+  auto x = torch::randn({2, 4});
+  compiled(x);
+  compiled(x).backward();
+  auto g_outer = outer->weight.grad().clone(), g_inner = inner->weight.grad().clone();
+  outer->weight.mutable_grad() = torch::Tensor();
+  inner->weight.mutable_grad() = torch::Tensor();
+  fn(x).backward();
+  EXPECT_TRUE(tensors_close(outer->weight.grad(), g_outer));
+  EXPECT_TRUE(tensors_close(inner->weight.grad(), g_inner));
+  EXPECT_EQ(fired, 3);
+}
