@@ -1,0 +1,177 @@
+// AOT autograd: what the partitioners save, and what a compiled training step costs.
+//
+// First prints the partitioner report for a 6-layer MLP (Linear + GELU) and a
+// TransformerEncoderLayer (M4's shape): for save-all and min-cut, the tensors saved for the
+// backward, the bytes of those that are not inputs or parameters (activations), and the op
+// counts of the forward and backward graphs.
+//
+// Then times one training step (forward, loss, backward; gradients reset each step) for each
+// model in eager LibTorch and compiled with aot_autograd over the interpreter (the `aot_eager`
+// backend, and the same with the min-cut partitioner): the cost of the AOT machinery before any
+// fusing backend. The summary gives each median next to eager's median from the same run.
+//
+// Run with glibc malloc tuned: scripts/bench.sh --target bench_aot (or set
+// MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=4294967296 yourself).
+#include <benchmark/benchmark.h>
+#include <torch/torch.h>
+#include <torchcompile/torchcompile.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace tc = torchcompile;
+using Clock = std::chrono::steady_clock;
+
+torch::nn::Sequential make_mlp6() {
+  torch::nn::Sequential seq;
+  for (int i = 0; i < 6; ++i) {
+    seq->push_back(torch::nn::Linear(512, 512));
+    if (i < 5) seq->push_back(torch::nn::GELU());
+  }
+  return seq;
+}
+
+torch::nn::TransformerEncoderLayer make_encoder() {
+  return torch::nn::TransformerEncoderLayer(
+      torch::nn::TransformerEncoderLayerOptions(256, 4).dim_feedforward(1024).dropout(0.0));
+}
+
+struct Model {
+  std::string name;
+  std::function<std::shared_ptr<torch::nn::Module>()> make;
+  std::function<torch::Tensor(torch::nn::Module&, const torch::Tensor&)> forward;
+  std::vector<int64_t> input;
+};
+
+const std::vector<Model>& models() {
+  static const std::vector<Model> ms = {
+      {"mlp6", [] { return make_mlp6().ptr(); },
+       [](torch::nn::Module& m, const torch::Tensor& x) { return dynamic_cast<torch::nn::SequentialImpl&>(m).forward(x); },
+       {64, 512}},
+      {"encoder", [] { return make_encoder().ptr(); },
+       [](torch::nn::Module& m, const torch::Tensor& x) {
+         return dynamic_cast<torch::nn::TransformerEncoderLayerImpl&>(m).forward(x);
+       },
+       {128, 8, 256}},
+  };
+  return ms;
+}
+
+const char* partitioner_name(tc::Partitioner p) { return p == tc::Partitioner::SaveAll ? "save-all" : "min-cut"; }
+
+void print_partition_report() {
+  std::printf("Partitioner report (one training graph per model)\n");
+  std::printf("%-9s %-9s %14s %12s %22s %10s %10s\n", "model", "partition", "saved_tensors", "of_which_in",
+              "saved_activation_bytes", "fw_ops", "bw_ops");
+  for (const Model& m : models()) {
+    for (tc::Partitioner p : {tc::Partitioner::SaveAll, tc::Partitioner::MinCut}) {
+      torch::manual_seed(0);
+      auto module = m.make();
+      tc::aot::PartitionReport report;
+      auto probe = [&](tc::GraphModule& gm, const std::vector<at::Tensor>& xs) {
+        report = tc::aot::trace_and_partition(gm, xs, {}, p).report;
+        return tc::lookup_backend("eager")(gm, xs);
+      };
+      struct Call {
+        const Model& m;
+        std::shared_ptr<torch::nn::Module> module;
+        torch::Tensor operator()(torch::Tensor x) const { return m.forward(*module, x); }
+      };
+      auto compiled = torch::compile(Call{m, module}, probe);
+      compiled(torch::randn(m.input));
+      std::printf("%-9s %-9s %14zu %12zu %22lld %10zu %10zu\n", m.name.c_str(), partitioner_name(p),
+                  report.saved_values, report.saved_primals, static_cast<long long>(report.saved_activation_bytes),
+                  report.forward_nodes, report.backward_nodes);
+    }
+  }
+  std::printf("(of_which_in: saved tensors that are inputs or parameters, held anyway; activation bytes count\n"
+              " only the others, views of inputs and parameters excluded)\n\n");
+}
+
+std::map<std::string, double>& medians() {
+  static std::map<std::string, double> m;
+  return m;
+}
+
+// One training step of model `index`: eager when backend is empty.
+void training_step(benchmark::State& state, size_t index, std::string backend, tc::Partitioner p) {
+  const Model& m = models()[index];
+  torch::manual_seed(0);
+  auto module = m.make();
+  auto x = torch::randn(m.input);
+  std::function<torch::Tensor(const torch::Tensor&)> fwd = [&](const torch::Tensor& in) { return m.forward(*module, in); };
+  std::shared_ptr<void> keep;
+  if (!backend.empty()) {
+    struct Call {
+      const Model* m;
+      std::shared_ptr<torch::nn::Module> module;
+      torch::Tensor operator()(torch::Tensor in) const { return m->forward(*module, in); }
+    };
+    tc::CompileOptions options = backend == "aot_eager" && p == tc::Partitioner::MinCut
+                                     ? tc::CompileOptions(tc::aot_autograd(tc::lookup_backend("eager"), nullptr, {}, p))
+                                     : tc::CompileOptions(backend);
+    auto compiled = std::make_shared<decltype(torch::compile(Call{&m, module}, options))>(
+        torch::compile(Call{&m, module}, options));
+    keep = compiled;
+    fwd = [compiled](const torch::Tensor& in) { return (*compiled)(in); };
+  }
+  auto step = [&] {
+    for (auto& param : module->parameters()) param.mutable_grad() = torch::Tensor();
+    fwd(x).pow(2).mean().backward();
+  };
+  for (int i = 0; i < 3; ++i) step();  // trace, compile, warm up
+  std::vector<double> times;
+  for (auto _ : state) {
+    auto t0 = Clock::now();
+    step();
+    double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    state.SetIterationTime(s);
+    times.push_back(s * 1e3);
+  }
+  std::sort(times.begin(), times.end());
+  if (!times.empty()) medians()[m.name + "/" + (backend.empty() ? "eager" : backend + "/" + partitioner_name(p))] = times[times.size() / 2];
+}
+
+std::string env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v ? v : fallback;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  torch::set_num_threads(2);
+  benchmark::AddCustomContext("torch_num_threads", std::to_string(torch::get_num_threads()));
+  benchmark::AddCustomContext("MALLOC_MMAP_THRESHOLD_", env_or("MALLOC_MMAP_THRESHOLD_", "(glibc default)"));
+  benchmark::AddCustomContext("MALLOC_TRIM_THRESHOLD_", env_or("MALLOC_TRIM_THRESHOLD_", "(glibc default)"));
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  print_partition_report();
+  for (size_t i = 0; i < models().size(); ++i) {
+    const std::string& name = models()[i].name;
+    benchmark::RegisterBenchmark(("TrainStep/" + name + "/eager").c_str(), training_step, i, "", tc::Partitioner::SaveAll)
+        ->UseManualTime()->Unit(benchmark::kMillisecond);
+    for (tc::Partitioner p : {tc::Partitioner::SaveAll, tc::Partitioner::MinCut})
+      benchmark::RegisterBenchmark(("TrainStep/" + name + "/aot_eager/" + partitioner_name(p)).c_str(), training_step, i,
+                                   "aot_eager", p)
+          ->UseManualTime()->Unit(benchmark::kMillisecond);
+  }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  std::printf("\nTraining step, median ms (same run; ratio = median / eager median)\n");
+  for (const auto& [key, ms] : medians()) {
+    const std::string model = key.substr(0, key.find('/'));
+    auto eager = medians().find(model + "/eager");
+    double ratio = eager != medians().end() && eager->second > 0 ? ms / eager->second : 0;
+    std::printf("%-32s %10.3f %8.3f\n", key.c_str(), ms, ratio);
+  }
+  return 0;
+}
