@@ -93,12 +93,6 @@ bool batch_norm_with_functional_update(torch::jit::Stack* stack,
 
 namespace {
 
-bool is_view_node(const ir::Node* n) {
-  if (n->kind() != ir::NodeKind::CallFunction) return false;
-  const auto& returns = n->schema().returns();
-  return returns.size() == 1 && returns[0].alias_info() != nullptr && !returns[0].alias_info()->isWrite();
-}
-
 bool is_contiguous(const ir::TensorMeta& m) {
   int64_t expected = 1;
   for (size_t d = m.sizes.size(); d-- > 0;) {
@@ -127,7 +121,7 @@ bool liftable(const ir::GraphModule& gm, bool training, std::string* why) {
     for (size_t i = 0; i < schema_args.size(); ++i) {
       const auto* alias = schema_args[i].alias_info();
       if (alias == nullptr || !alias->isWrite() || !n->args()[i].is_value()) continue;
-      for (ir::Value v = n->args()[i].value(); is_view_node(v.node);) {
+      for (ir::Value v = n->args()[i].value(); is_view_op(v.node);) {
         if (!kWholeViews.count(v.node->schema().name()) || !is_contiguous(v.node->output_meta().at(v.index))) {
           if (why)
             *why = "the forward updates a view in place (" + n->target() + " on '" + v.node->name() +

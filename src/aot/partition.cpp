@@ -42,15 +42,9 @@ int64_t bytes_of(const ir::TensorMeta& m) {
   return numel * static_cast<int64_t>(c10::elementSize(m.dtype));
 }
 
-bool is_view(const Node* n) {
-  if (n->kind() != ir::NodeKind::CallFunction) return false;
-  const auto& returns = n->schema().returns();
-  return returns.size() == 1 && returns[0].alias_info() != nullptr && !returns[0].alias_info()->isWrite();
-}
-
 // Ops cheap enough to recompute in the backward instead of saving their results.
 bool recomputable(const Node* n) {
-  if (is_view(n)) return true;
+  if (is_view_op(n)) return true;
   if (ir::op_is_random(n->op()) || ir::op_is_mutating(n->op())) return false;
   static const std::unordered_set<std::string> kCheap = {
       "aten::relu",       "aten::gelu",       "aten::sigmoid",     "aten::tanh",        "aten::silu",
@@ -70,7 +64,7 @@ bool recomputable(const Node* n) {
 
 // What owns the memory of `v`: its producer, or, through views, the value they view.
 const Node* memory_owner(Value v) {
-  while (is_view(v.node)) {
+  while (is_view_op(v.node)) {
     auto ins = input_values(v.node);
     if (ins.empty()) break;
     v = ins.front();
@@ -264,6 +258,12 @@ size_t count_ops(const ir::GraphModule& gm) {
 }
 
 }  // namespace
+
+bool is_view_op(const ir::Node* n) {
+  if (n->kind() != ir::NodeKind::CallFunction) return false;
+  const auto& returns = n->schema().returns();
+  return returns.size() == 1 && returns[0].alias_info() != nullptr && !returns[0].alias_info()->isWrite();
+}
 
 Partition partition_joint(const JointGraph& j, Partitioner partitioner) {
   const ir::GraphModule& jgm = *j.gm;

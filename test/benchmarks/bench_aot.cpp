@@ -12,6 +12,8 @@
 //
 // Run with glibc malloc tuned: scripts/bench.sh --target bench_aot (or set
 // MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=4294967296 yourself).
+#include "bench_context.h"
+
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
 #include <torchcompile/torchcompile.h>
@@ -140,18 +142,11 @@ void training_step(benchmark::State& state, size_t index, std::string backend, t
   if (!times.empty()) medians()[m.name + "/" + (backend.empty() ? "eager" : backend + "/" + partitioner_name(p))] = times[times.size() / 2];
 }
 
-std::string env_or(const char* name, const char* fallback) {
-  const char* v = std::getenv(name);
-  return v ? v : fallback;
-}
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  torch::set_num_threads(2);
-  benchmark::AddCustomContext("torch_num_threads", std::to_string(torch::get_num_threads()));
-  benchmark::AddCustomContext("MALLOC_MMAP_THRESHOLD_", env_or("MALLOC_MMAP_THRESHOLD_", "(glibc default)"));
-  benchmark::AddCustomContext("MALLOC_TRIM_THRESHOLD_", env_or("MALLOC_TRIM_THRESHOLD_", "(glibc default)"));
+  tc_bench::set_up_context();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   print_partition_report();

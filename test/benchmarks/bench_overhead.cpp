@@ -17,6 +17,8 @@
 //
 // Run with glibc malloc tuned (scripts/bench.sh sets MALLOC_MMAP_THRESHOLD_ and
 // MALLOC_TRIM_THRESHOLD_).
+#include "bench_context.h"
+
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
 #include <torchcompile/torchcompile.h>
@@ -338,18 +340,11 @@ BENCHMARK(BM_Hooks0_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Hooks100Traceable_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Hooks1NonTraceable_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
-std::string env_or(const char* name, const char* fallback) {
-  const char* v = std::getenv(name);
-  return v ? v : fallback;
-}
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  torch::set_num_threads(2);
-  benchmark::AddCustomContext("torch_num_threads", std::to_string(torch::get_num_threads()));
-  benchmark::AddCustomContext("MALLOC_MMAP_THRESHOLD_", env_or("MALLOC_MMAP_THRESHOLD_", "(glibc default)"));
-  benchmark::AddCustomContext("MALLOC_TRIM_THRESHOLD_", env_or("MALLOC_TRIM_THRESHOLD_", "(glibc default)"));
+  tc_bench::set_up_context();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();
