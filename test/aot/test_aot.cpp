@@ -54,8 +54,10 @@ size_t count(const std::vector<std::string>& ops, const std::string& target) {
 // Training parity: `steps` SGD steps of the module compiled with `backend` against an eager
 // clone; after every backward all parameter and input gradients must match, and at the end
 // every parameter and buffer.
+// The module is compiled with `rec`'s backend (aot_autograd over the interpreter, as aot_eager),
+// and the test fails unless a backward graph was compiled (the graph was really lifted).
 template <typename M, typename Loss>
-void check_training(std::shared_ptr<M> module, torchcompile::CompileOptions backend,
+void check_training(std::shared_ptr<M> module, const Recorder& rec, torchcompile::Backend backend,
                     const std::function<std::vector<torch::Tensor>()>& make_inputs, Loss loss, int steps = 5,
                     double rtol = 1e-4, double atol = 1e-5) {
   for (auto& p : module->parameters()) p.mutable_grad() = torch::Tensor();
@@ -98,6 +100,14 @@ void check_training(std::shared_ptr<M> module, torchcompile::CompileOptions back
     EXPECT_TRUE(tensors_close(ref_params[p.key()], p.value(), rtol, atol)) << "parameter " << p.key();
   EXPECT_EQ(compiled.state().num_entries(), 1u);
   EXPECT_FALSE(compiled.state().entries().front()->runs_eagerly()) << compiled.state().entries().front()->eager_reason();
+  EXPECT_GE(rec.backwards(), 1u) << "no backward graph was compiled";
+}
+
+template <typename M, typename Loss>
+void check_training(std::shared_ptr<M> module, const std::function<std::vector<torch::Tensor>()>& make_inputs,
+                    Loss loss, int steps = 5, double rtol = 1e-4, double atol = 1e-5) {
+  Recorder rec;
+  check_training(module, rec, rec.backend(), make_inputs, loss, steps, rtol, atol);
 }
 
 auto sum_of_squares = [](auto& m, const std::vector<torch::Tensor>& xs) { return m->forward(xs[0]).pow(2).sum(); };
@@ -273,14 +283,14 @@ TEST(Aot, MlpGradientsMatchEager) {
   torch::manual_seed(0);
   auto mlp = torch::nn::Sequential(torch::nn::Linear(12, 32), torch::nn::ReLU(), torch::nn::Linear(32, 32),
                                    torch::nn::ReLU(), torch::nn::Linear(32, 5));
-  check_training(mlp.ptr(), "aot_eager", randn_input({8, 12}), sum_of_squares);
+  check_training(mlp.ptr(), randn_input({8, 12}), sum_of_squares);
 }
 
 TEST(Aot, ConvBatchNormTrainingMatchesEagerIncludingRunningStats) {
   torch::manual_seed(0);
   ConvNet net;
   Recorder rec;
-  check_training(net.ptr(), rec.backend(), randn_input({4, 3, 10, 10}), sum_of_squares, 5);
+  check_training(net.ptr(), rec, rec.backend(), randn_input({4, 3, 10, 10}), sum_of_squares, 5);
   EXPECT_EQ(rec.backwards(), 1u);
   EXPECT_EQ(net->bn->num_batches_tracked.item<int64_t>(), 5);
   // The running statistics come back as extra forward outputs, not as in-place updates.
@@ -290,33 +300,33 @@ TEST(Aot, ConvBatchNormTrainingMatchesEagerIncludingRunningStats) {
 
 TEST(Aot, LayerNormGeluBlockGradientsMatchEager) {
   torch::manual_seed(0);
-  check_training(MlpBlock().ptr(), "aot_eager", randn_input({4, 7, 16}), sum_of_squares);
+  check_training(MlpBlock().ptr(), randn_input({4, 7, 16}), sum_of_squares);
 }
 
 TEST(Aot, EmbeddingLstmGradientsMatchEager) {
   torch::manual_seed(0);
   auto tokens = [] { return std::vector<torch::Tensor>{torch::randint(0, 20, {3, 5})}; };
-  check_training(EmbedLstm().ptr(), "aot_eager", tokens, sum_of_squares);
+  check_training(EmbedLstm().ptr(), tokens, sum_of_squares);
 }
 
 TEST(Aot, TransformerEncoderLayerGradientsMatchEager) {
   torch::manual_seed(0);
   auto layer = torch::nn::TransformerEncoderLayer(torch::nn::TransformerEncoderLayerOptions(16, 2).dim_feedforward(32).dropout(0.0));
   auto loss = [](auto& m, const std::vector<torch::Tensor>& xs) { return m->forward(xs[0]).pow(2).sum(); };
-  check_training(layer.ptr(), "aot_eager", randn_input({5, 2, 16}), loss, 3, 1e-4, 1e-4);
+  check_training(layer.ptr(), randn_input({5, 2, 16}), loss, 3, 1e-4, 1e-4);
 }
 
 TEST(Aot, DropoutWithAFixedSeedMatchesEager) {
   torch::manual_seed(0);
   DropoutNet net;
-  check_training(net.ptr(), "aot_eager", randn_input({6, 10}), sum_of_squares);
+  check_training(net.ptr(), randn_input({6, 10}), sum_of_squares);
 }
 
 TEST(Aot, InPlaceOpsAndViewsAreFunctionalized) {
   torch::manual_seed(0);
   InPlaceViews net;
   Recorder rec;
-  check_training(net.ptr(), rec.backend(), randn_input({4, 6}), sum_of_squares);
+  check_training(net.ptr(), rec, rec.backend(), randn_input({4, 6}), sum_of_squares);
   ASSERT_EQ(rec.backwards(), 1u);
 }
 
@@ -399,7 +409,7 @@ TEST(Aot, MinCutSavesLessThanSaveAllWithTheSameGradients) {
       << c10::Join(", ", min_cut.saved_names);
   // Gradients under the min-cut partition match eager.
   Recorder rec;
-  check_training(mlp.ptr(), rec.backend({}, torchcompile::Partitioner::MinCut), randn_input({16, 32}), sum_of_squares);
+  check_training(mlp.ptr(), rec, rec.backend({}, torchcompile::Partitioner::MinCut), randn_input({16, 32}), sum_of_squares);
   ASSERT_EQ(rec.backwards(), 1u);
   EXPECT_GE(count(rec.state->backward_ops[0], "aten::gelu"), 1u) << "min-cut recomputes the GELU in the backward";
 }
