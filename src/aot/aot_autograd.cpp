@@ -72,9 +72,18 @@ struct Runtime : torch::CustomClassHolder {
 struct CompiledGraph : torch::autograd::Function<CompiledGraph> {
   static variable_list forward(AutogradContext* ctx, at::TensorList primals, c10::IValue state) {
     const auto& rt = *c10::static_intrusive_pointer_cast<Runtime>(state.toCapsule());
-    std::vector<at::Tensor> ps = primals.vec();
-    std::vector<at::Tensor> outs = rt.forward(ps);
-    rt.write_back(ps, outs);
+    // Autograd runs this forward with grad mode off, but kernels that consult it must see what
+    // they saw when traced (LibTorch 2.x's oneDNN LSTM keeps the workspace its backward needs
+    // only with grad mode on): run on detached primals with grad mode on, so no graph is built.
+    std::vector<at::Tensor> detached;
+    detached.reserve(primals.size());
+    for (const at::Tensor& t : primals) detached.push_back(t.defined() ? t.detach() : t);
+    std::vector<at::Tensor> outs;
+    {
+      at::AutoGradMode grad_mode(true);
+      outs = rt.forward(std::move(detached));
+    }
+    rt.write_back(primals.vec(), outs);
     const size_t first_saved = rt.num_fw_outputs + rt.mutated_primals.size();
     ctx->save_for_backward(std::vector<at::Tensor>(outs.begin() + first_saved, outs.end()));
     ctx->saved_data["state"] = std::move(state);
