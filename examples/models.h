@@ -20,4 +20,17 @@ struct MlpImpl : torch::nn::Module {
 };
 TORCH_MODULE(Mlp);
 
+// M8 of targets.md: 50 chained tiny ops cycling x+0.5, x*0.9, relu, sin.
+inline torch::Tensor chain50(torch::Tensor x) {
+  for (int i = 0; i < 50; ++i) {
+    switch (i % 4) {
+      case 0: x = x + 0.5; break;
+      case 1: x = x * 0.9; break;
+      case 2: x = torch::relu(x); break;
+      default: x = torch::sin(x); break;
+    }
+  }
+  return x;
+}
+
 }  // namespace torchcompile_examples

@@ -42,18 +42,7 @@ using Clock = std::chrono::steady_clock;
 
 // ---- models ----------------------------------------------------------------------------------
 
-// M8: 50 chained tiny ops cycling x+0.5, x*0.9, relu, sin.
-torch::Tensor chain50(torch::Tensor x) {
-  for (int i = 0; i < 50; ++i) {
-    switch (i % 4) {
-      case 0: x = x + 0.5; break;
-      case 1: x = x * 0.9; break;
-      case 2: x = torch::relu(x); break;
-      default: x = torch::sin(x); break;
-    }
-  }
-  return x;
-}
+using torchcompile_examples::chain50;  // M8
 
 torch::Tensor one_op(torch::Tensor x) { return x + 1; }
 

@@ -1,0 +1,845 @@
+// The model benchmark suite: models M1-M8 of /work/shared/targets.md (same shapes, fp32, seed 0,
+// 2 intra-op threads), each in every mode whose backend is registered, with medians, speedups
+// over eager from the same run, first-call (trace + compile) times and the targets.
+//
+// Rows (one model each; all inputs fixed, drawn once after torch::manual_seed(0)):
+//   M1        MLP Linear(784,512)-ReLU-Linear(512,512)-ReLU-Linear(512,10), input (64, 784)
+//   M2        pointwise chain sigmoid(gelu(x*1.5+0.25))*x - tanh(x), input (4096, 1024)
+//   M3        Conv2d(3,32,3,p1)-BN-ReLU-Conv2d(32,64,3,p1)-BN-ReLU-AdaptiveAvgPool(1)-Flatten-
+//             Linear(64,10), eval(), input (16, 3, 64, 64)
+//   M4        TransformerEncoderLayer(256, 4 heads, ff 1024, dropout 0), eval(), batch 8 x seq 128:
+//             LibTorch's C++ layer has no batch_first, so the input is (128, 8, 256) (seq, batch,
+//             feature), the same computation as Python's batch_first (8, 128, 256)
+//   M5        x + Linear(2048,512)(GELU(Linear(512,2048)(LayerNorm(512)(x)))), input (32, 128, 512)
+//   M6        training step of M1: forward, cross_entropy against fixed random targets, backward
+//   M5-train  training step of M5: forward, sum() as the loss, backward
+//   M7        seed 000's toy_example on two (10,) inputs; b is negated if needed so that
+//             b.sum() < 0: every call takes the `b = b * -1` branch (a graph break whose
+//             continuation is cached after the warm-up)
+//   M8        50 chained tiny ops cycling x+0.5, x*0.9, relu, sin on (8, 8)
+// Inference rows run under torch::NoGradGuard. A training step sets every gradient to none
+// (PyTorch 2's zero_grad default), runs the compiled (or eager) forward including the loss, and
+// calls backward() on the loss: for the compiled modes the loss is part of the compiled module.
+//
+// Modes (one benchmark each, named <row>/<mode>, e.g. M3/torchscript):
+//   eager          plain LibTorch
+//   eager-backend  torch::compile(m, "eager"): the captured graph replayed by the interpreter
+//   torchscript, onednn, default
+//                  torch::compile(m, "<name>")
+//   aot_eager      training rows only: AOT autograd, forward and backward graphs interpreted
+// A mode whose backend is not registered (torchcompile::has_backend) is skipped and shown as
+// "n/a". Each compiled mode is checked against eager once (outputs, and the loss and gradients of
+// a training step) before it is timed; a mismatch or an eager fallback is flagged in the tables.
+//
+// Each benchmark times single calls with std::chrono (UseManualTime) after a short warm-up and
+// records the median call of each repetition (counter median_ms); the reported figure is the
+// median over repetitions, and speedup = eager median / mode median, both from this run. Use
+// --benchmark_repetitions=N and --benchmark_enable_random_interleaving=true (as
+// scripts/bench-models.sh does) so that the repetitions of all modes are spread over the run.
+// After the benchmarks, each compiled (row, mode) that ran is compiled afresh
+// --first_call_reps=N times (default 3) and its first call timed: trace + backend compile + one
+// run (one step for training rows), in a process that is already warm (one-time library
+// initialization is not included).
+//
+// Flags besides Google Benchmark's:
+//   --results_md=FILE    write the result tables (markdown) to FILE
+//   --results_tsv=FILE   write the speedups (rows x compiled modes, "?" = missing) for plotting
+//   --first_call_reps=N  fresh compiles timed per (row, mode); 0 skips the first-call table
+// The tables are also printed to stdout at the end.
+//
+// Run with glibc malloc tuned (scripts/bench-models.sh sets MALLOC_MMAP_THRESHOLD_ and
+// MALLOC_TRIM_THRESHOLD_ as in targets.md).
+#include "bench_context.h"
+
+#include <benchmark/benchmark.h>
+#include <torch/torch.h>
+#include <torch/version.h>
+#include <torchcompile/torchcompile.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "examples/models.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// ---- models ----------------------------------------------------------------------------------
+
+using torchcompile_examples::MlpImpl;
+
+// M2: a pointwise chain.
+torch::Tensor pointwise_chain(torch::Tensor x) {
+  return torch::sigmoid(torch::gelu(x * 1.5 + 0.25)) * x - torch::tanh(x);
+}
+
+// M3: two conv-BN-ReLU blocks, global average pooling and a classifier.
+struct M3Impl : torch::nn::Module {
+  M3Impl()
+      : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 32, 3).padding(1)))),
+        bn1(register_module("bn1", torch::nn::BatchNorm2d(32))),
+        conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).padding(1)))),
+        bn2(register_module("bn2", torch::nn::BatchNorm2d(64))),
+        fc(register_module("fc", torch::nn::Linear(64, 10))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::relu(bn1(conv1(x)));
+    x = torch::relu(bn2(conv2(x)));
+    x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
+    return fc(x);
+  }
+  torch::nn::Conv2d conv1;
+  torch::nn::BatchNorm2d bn1;
+  torch::nn::Conv2d conv2;
+  torch::nn::BatchNorm2d bn2;
+  torch::nn::Linear fc;
+};
+
+// M4: one transformer encoder layer (input: seq, batch, feature).
+struct M4Impl : torch::nn::Module {
+  M4Impl()
+      : layer(register_module("layer", torch::nn::TransformerEncoderLayer(
+                                           torch::nn::TransformerEncoderLayerOptions(256, 4).dim_feedforward(1024).dropout(0.0)))) {}
+  torch::Tensor forward(torch::Tensor x) { return layer(x); }
+  torch::nn::TransformerEncoderLayer layer;
+};
+
+// M5: LayerNorm -> Linear -> GELU -> Linear, plus residual.
+struct M5Impl : torch::nn::Module {
+  M5Impl()
+      : norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({512})))),
+        up(register_module("up", torch::nn::Linear(512, 2048))),
+        down(register_module("down", torch::nn::Linear(2048, 512))) {}
+  torch::Tensor forward(torch::Tensor x) { return x + down(torch::gelu(up(norm(x)))); }
+  torch::nn::LayerNorm norm;
+  torch::nn::Linear up, down;
+};
+
+// Training steps: the model and its loss as one module, so a compiled mode captures both.
+template <typename M>
+struct CrossEntropyStep : torch::nn::Module {
+  explicit CrossEntropyStep(std::shared_ptr<M> m) : model(register_module("model", std::move(m))) {}
+  torch::Tensor forward(torch::Tensor x, torch::Tensor target) {
+    return torch::nn::functional::cross_entropy(model->forward(x), target);
+  }
+  std::shared_ptr<M> model;
+};
+
+template <typename M>
+struct SumStep : torch::nn::Module {
+  explicit SumStep(std::shared_ptr<M> m) : model(register_module("model", std::move(m))) {}
+  torch::Tensor forward(torch::Tensor x) { return model->forward(x).sum(); }
+  std::shared_ptr<M> model;
+};
+
+// M7: seed 000's toy_example.
+torch::Tensor toy_example(torch::Tensor a, torch::Tensor b) {
+  auto x = a / (torch::abs(a) + 1);
+  if (b.sum().item<float>() < 0) b = b * -1;
+  return x * b;
+}
+
+using torchcompile_examples::chain50;  // M8
+
+// ---- rows and modes --------------------------------------------------------------------------
+
+/// What a compiled object reports after its calls: graphs, breaks, eager fallback.
+struct CompileInfo {
+  size_t entries = 0, graphs = 0, breaks = 0;
+  std::string eager_reason;  ///< non-empty if an entry runs the C++ forward eagerly
+};
+
+/// A way to run a row: one call (inference) or one step (training; returns the loss).
+struct Runner {
+  std::function<torch::Tensor()> call;
+  std::function<CompileInfo()> info;  ///< empty for eager
+};
+
+/// A row's model and inputs, built once (seed 0) and shared by all its modes.
+struct Instance {
+  bool training = false;
+  std::vector<torch::Tensor> params;  ///< training rows: gradients reset and checked
+  Runner eager;
+  /// A fresh torch::compile of the model with `backend` (nothing is called yet).
+  std::function<Runner(const std::string& backend)> compile;
+};
+
+template <typename C>
+std::function<CompileInfo()> info_of(C compiled) {
+  return [compiled]() {
+    CompileInfo info;
+    for (const auto& e : compiled.state().entries()) {
+      ++info.entries;
+      if (e->runs_eagerly()) {
+        info.eager_reason = e->eager_reason().empty() ? "runs eagerly" : e->eager_reason();
+      } else {
+        info.graphs += e->num_graphs();
+        info.breaks += e->num_breaks();
+      }
+    }
+    return info;
+  };
+}
+
+/// `fwd` wrapped as a training step: gradients set to none, forward + loss, backward.
+std::function<torch::Tensor()> as_step(std::vector<torch::Tensor> params, std::function<torch::Tensor()> fwd) {
+  return [params = std::move(params), fwd = std::move(fwd)]() {
+    for (auto p : params) p.mutable_grad() = torch::Tensor();
+    torch::Tensor loss = fwd();
+    loss.backward();
+    return loss.detach();
+  };
+}
+
+/// A row whose model is the module `m` called with `inputs`.
+template <typename M, typename... In>
+Instance module_instance(std::shared_ptr<M> m, bool training, In... inputs) {
+  Instance inst;
+  inst.training = training;
+  std::function<torch::Tensor()> eager = [m, inputs...]() { return m->forward(inputs...); };
+  if (training) {
+    inst.params = m->parameters();
+    eager = as_step(inst.params, eager);
+  }
+  inst.eager.call = eager;
+  inst.compile = [m, training, params = inst.params, inputs...](const std::string& backend) {
+    auto c = torch::compile(m, torchcompile::CompileOptions(backend));
+    std::function<torch::Tensor()> call = [c, inputs...]() mutable { return c(inputs...); };
+    if (training) call = as_step(params, call);
+    return Runner{call, info_of(c)};
+  };
+  return inst;
+}
+
+/// An inference row whose model is the function `fn` called with `inputs`.
+template <typename F, typename... In>
+Instance function_instance(F fn, In... inputs) {
+  Instance inst;
+  inst.eager.call = [fn, inputs...]() { return fn(inputs...); };
+  inst.compile = [fn, inputs...](const std::string& backend) {
+    auto c = torch::compile(fn, torchcompile::CompileOptions(backend));
+    return Runner{[c, inputs...]() mutable { return c(inputs...); }, info_of(c)};
+  };
+  return inst;
+}
+
+struct Row {
+  std::string id;     ///< benchmark name prefix and table key
+  std::string label;  ///< table label
+  bool training;
+  std::function<Instance()> make;
+};
+
+const std::vector<Row>& rows() {
+  static const std::vector<Row> rs = {
+      {"M1", "M1 MLP (64,784)", false,
+       [] {
+         auto m = std::make_shared<MlpImpl>();
+         return module_instance(m, false, torch::randn({64, 784}));
+       }},
+      {"M2", "M2 pointwise (4096,1024)", false, [] { return function_instance(&pointwise_chain, torch::randn({4096, 1024})); }},
+      {"M3", "M3 conv-BN-ReLU (16,3,64,64)", false,
+       [] {
+         auto m = std::make_shared<M3Impl>();
+         m->eval();
+         return module_instance(m, false, torch::randn({16, 3, 64, 64}));
+       }},
+      {"M4", "M4 encoder layer (8,128,256)", false,
+       [] {
+         auto m = std::make_shared<M4Impl>();
+         m->eval();
+         return module_instance(m, false, torch::randn({128, 8, 256}));
+       }},
+      {"M5", "M5 LN-MLP-residual (32,128,512)", false,
+       [] {
+         auto m = std::make_shared<M5Impl>();
+         return module_instance(m, false, torch::randn({32, 128, 512}));
+       }},
+      {"M6", "M6 M1 train step, CE (64,784)", true,
+       [] {
+         auto m = std::make_shared<CrossEntropyStep<MlpImpl>>(std::make_shared<MlpImpl>());
+         auto x = torch::randn({64, 784});
+         auto target = torch::randint(0, 10, {64}, torch::kLong);
+         return module_instance(m, true, x, target);
+       }},
+      {"M5-train", "M5 train step, sum (32,128,512)", true,
+       [] {
+         auto m = std::make_shared<SumStep<M5Impl>>(std::make_shared<M5Impl>());
+         return module_instance(m, true, torch::randn({32, 128, 512}));
+       }},
+      {"M7", "M7 toy_example 2x(10,)", false,
+       [] {
+         auto a = torch::randn({10});
+         auto b = torch::randn({10});
+         if (b.sum().item<float>() >= 0) b = -b;  // the branch is always taken
+         return function_instance(&toy_example, a, b);
+       }},
+      {"M8", "M8 50 tiny ops (8,8)", false, [] { return function_instance(&chain50, torch::randn({8, 8})); }},
+  };
+  return rs;
+}
+
+struct Mode {
+  std::string name;
+  std::string backend;  ///< empty for eager
+  bool training_only;
+};
+
+const std::vector<Mode>& modes() {
+  static const std::vector<Mode> ms = {
+      {"eager", "", false},           {"eager-backend", "eager", false}, {"torchscript", "torchscript", false},
+      {"onednn", "onednn", false},    {"default", "default", false},     {"aot_eager", "aot_eager", true},
+  };
+  return ms;
+}
+
+bool applies(const Row& r, const Mode& m) { return !m.training_only || r.training; }
+bool available(const Mode& m) { return m.backend.empty() || torchcompile::has_backend(m.backend); }
+
+// Targets and anchors of /work/shared/targets.md (median ms; 2026-11-22, 2 cores of an AMD EPYC).
+struct Target {
+  std::string id;
+  double eager_ms, torchscript_ms, target_ms;  // torchscript_ms < 0: no anchor
+  std::string note;
+};
+
+const std::vector<Target>& targets() {
+  static const std::vector<Target> ts = {
+      {"M1", 0.609, 0.634, 0.48, "linear+relu fused, prepacked"},
+      {"M2", 9.68, 9.03, 2.0, "one fused vectorized loop"},
+      {"M3", 10.9, 7.40, 5.5, "conv+BN folded+ReLU, blocked layout kept"},
+      {"M4", 12.8, 12.2, 9.5, ""},
+      {"M5", 92.8, 92.7, 75, "~230 GFLOP/s on the two GEMMs"},
+      {"M6", 1.81, -1, 1.3, ""},
+      {"M7", 0.0069, 0.0097, 0.0075, "a graph break costs almost nothing"},
+      {"M8", 0.0696, 0.0729, 0.005, "one fused kernel, sub-us dispatch"},
+  };
+  return ts;
+}
+constexpr double kFirstCallTargetMs = 1000;  // M1-M5 with the oneDNN backend
+
+// ---- prepared cases --------------------------------------------------------------------------
+
+struct Prepared {
+  Runner runner;
+  std::string error;     ///< set if compiling or the first call threw: the mode is not timed
+  std::string mismatch;  ///< set if the result differs from eager
+  CompileInfo info;
+};
+
+Instance& instance(size_t row) {
+  static std::map<size_t, std::unique_ptr<Instance>> cache;
+  auto& slot = cache[row];
+  if (!slot) {
+    torch::manual_seed(0);
+    slot = std::make_unique<Instance>(rows()[row].make());
+  }
+  return *slot;
+}
+
+std::string compare(const torch::Tensor& got, const torch::Tensor& want, const std::string& what) {
+  if (got.sizes() != want.sizes()) return what + ": shape differs";
+  if (!torch::allclose(got, want, /*rtol=*/1e-3, /*atol=*/1e-4)) {
+    double diff = (got - want).abs().max().item<double>();
+    return what + ": max abs difference " + std::to_string(diff);
+  }
+  return "";
+}
+
+std::vector<torch::Tensor> grads_of(const Instance& inst) {
+  std::vector<torch::Tensor> g;
+  for (const auto& p : inst.params) g.push_back(p.grad().defined() ? p.grad().clone() : torch::Tensor());
+  return g;
+}
+
+// Compile the mode, call it twice (trace, then a cache hit) and check both against eager.
+Prepared prepare(size_t row, const Mode& mode) {
+  Instance& inst = instance(row);
+  Prepared p;
+  c10::optional<torch::NoGradGuard> no_grad;
+  if (!inst.training) no_grad.emplace();
+  try {
+    torch::Tensor want = inst.eager.call();
+    std::vector<torch::Tensor> want_grads = grads_of(inst);
+    if (mode.backend.empty()) {
+      p.runner = inst.eager;
+      return p;
+    }
+    p.runner = inst.compile(mode.backend);
+    for (const char* which : {"first call", "second call"}) {
+      torch::Tensor got = p.runner.call();
+      std::string m = compare(got, want, std::string(which) + (inst.training ? " loss" : " output"));
+      std::vector<torch::Tensor> got_grads = grads_of(inst);
+      for (size_t i = 0; m.empty() && i < got_grads.size(); ++i) {
+        if (got_grads[i].defined() != want_grads[i].defined()) {
+          m = std::string(which) + ": gradient " + std::to_string(i) + " missing";
+        } else if (got_grads[i].defined()) {
+          m = compare(got_grads[i], want_grads[i], std::string(which) + " gradient " + std::to_string(i));
+        }
+      }
+      if (p.mismatch.empty()) p.mismatch = m;
+    }
+    p.info = p.runner.info();
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    p.error = what.substr(0, what.find('\n'));
+  }
+  return p;
+}
+
+Prepared& prepared(size_t row, size_t mode) {
+  static std::map<std::pair<size_t, size_t>, std::unique_ptr<Prepared>> cache;
+  auto& slot = cache[{row, mode}];
+  if (!slot) slot = std::make_unique<Prepared>(prepare(row, modes()[mode]));
+  return *slot;
+}
+
+// ---- measurement -----------------------------------------------------------------------------
+
+double median(std::vector<double> v) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double time_call_s(const std::function<torch::Tensor()>& f) {
+  const auto t0 = Clock::now();
+  torch::Tensor y = f();
+  benchmark::DoNotOptimize(y);
+  const auto t1 = Clock::now();  // before y is freed, as in bench_overhead
+  return std::chrono::duration<double>(t1 - t0).count();
+}
+
+/// The (row, mode) pairs whose benchmark ran (passed --benchmark_filter).
+std::set<std::pair<size_t, size_t>>& executed() {
+  static std::set<std::pair<size_t, size_t>> s;
+  return s;
+}
+
+void run_benchmark(benchmark::State& state, size_t row, size_t mode) {
+  executed().insert({row, mode});
+  Prepared& p = prepared(row, mode);
+  if (!p.error.empty()) {
+    state.SkipWithError(p.error.c_str());
+    for (auto _ : state) {
+    }
+    return;
+  }
+  c10::optional<torch::NoGradGuard> no_grad;
+  if (!instance(row).training) no_grad.emplace();
+  // Warm-up: at least one call, then up to 20 calls or 20 ms.
+  const auto warm_start = Clock::now();
+  for (int i = 0; i < 20; ++i) {
+    torch::Tensor y = p.runner.call();
+    benchmark::DoNotOptimize(y);
+    if (Clock::now() - warm_start > std::chrono::milliseconds(20)) break;
+  }
+  std::vector<double> times;
+  times.reserve(static_cast<size_t>(std::min<benchmark::IterationCount>(state.max_iterations, 1 << 20)));
+  for (auto _ : state) {
+    const double t = time_call_s(p.runner.call);
+    state.SetIterationTime(t);
+    times.push_back(t);
+  }
+  state.counters["median_ms"] = median(times) * 1e3;
+}
+
+/// Collects the median_ms counter of every repetition while printing as the console reporter.
+/// With --benchmark_display_aggregates_only the repetitions are not shown to it: then it keeps
+/// the "median" aggregate (the median over repetitions of median_ms) instead.
+class Collector : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    for (const Run& r : runs) {
+      auto it = r.counters.find("median_ms");
+      if (it == r.counters.end()) continue;
+      if (r.run_type == Run::RT_Iteration) {
+        medians[r.run_name.function_name].push_back(it->second.value);
+      } else if (r.aggregate_name == "median") {
+        aggregate_medians[r.run_name.function_name] = it->second.value;
+      }
+    }
+    ConsoleReporter::ReportRuns(runs);
+  }
+  /// Median over repetitions of a benchmark's per-repetition medians; NaN if none was reported.
+  double median_of(const std::string& name, size_t* repetitions) const {
+    auto it = medians.find(name);
+    if (it != medians.end()) {
+      *repetitions = it->second.size();
+      return median(it->second);
+    }
+    auto agg = aggregate_medians.find(name);
+    *repetitions = 0;  // unknown
+    return agg == aggregate_medians.end() ? NAN : agg->second;
+  }
+
+  std::map<std::string, std::vector<double>> medians;  ///< by benchmark name, one per repetition
+  std::map<std::string, double> aggregate_medians;
+};
+
+// ---- results ---------------------------------------------------------------------------------
+
+struct Cell {
+  double median_ms = NAN;
+  size_t repetitions = 0;
+  double first_call_ms = NAN;
+  CompileInfo first_info;
+};
+
+struct Results {
+  std::map<std::pair<size_t, size_t>, Cell> cells;
+  std::vector<std::string> notes;
+  int first_call_reps = 0;
+};
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+/// A time in ms with 3 significant digits at least (0.00693, 0.612, 9.68, 92.8 -> 92.80).
+std::string ms(double v) {
+  if (std::isnan(v)) return "?";
+  if (v < 0.01) return fmt("%.5f", v);
+  if (v < 0.1) return fmt("%.4f", v);
+  if (v < 10) return fmt("%.3f", v);
+  return fmt("%.2f", v);
+}
+
+std::string speed(double x) { return std::isnan(x) ? "?" : fmt("%.2f", x) + "x"; }
+
+bool is_compiled(const Mode& m) { return !m.backend.empty(); }
+
+double eager_ms(const Results& res, size_t row) {
+  auto it = res.cells.find({row, 0});
+  return it == res.cells.end() ? NAN : it->second.median_ms;
+}
+
+// A note number for (row, mode) flags; notes are listed under the tables.
+std::string add_note(Results& res, const std::string& text) {
+  res.notes.push_back(text);
+  return "[" + std::to_string(res.notes.size()) + "]";
+}
+
+std::string main_table(Results& res) {
+  std::ostringstream os;
+  os << "| model |";
+  for (const Mode& m : modes()) os << " " << m.name << " |";
+  os << "\n|---|";
+  for (size_t i = 0; i < modes().size(); ++i) os << "---:|";
+  os << "\n";
+  for (size_t r = 0; r < rows().size(); ++r) {
+    const Row& row = rows()[r];
+    os << "| " << row.label << " |";
+    const double base = eager_ms(res, r);
+    for (size_t m = 0; m < modes().size(); ++m) {
+      const Mode& mode = modes()[m];
+      std::string cell;
+      auto it = res.cells.find({r, m});
+      if (!applies(row, mode)) {
+        cell = "–";
+      } else if (!available(mode)) {
+        cell = "n/a";
+      } else if (it == res.cells.end()) {
+        cell = "not run";
+      } else {
+        Prepared& p = prepared(r, m);
+        if (!p.error.empty()) {
+          cell = "error " + add_note(res, row.id + "/" + mode.name + ": " + p.error);
+        } else {
+          cell = ms(it->second.median_ms);
+          if (is_compiled(mode)) cell += " (" + speed(base / it->second.median_ms) + ")";
+          if (!p.mismatch.empty()) cell += " ≠" + add_note(res, row.id + "/" + mode.name + " differs from eager: " + p.mismatch);
+          if (!p.info.eager_reason.empty())
+            cell += " †" + add_note(res, row.id + "/" + mode.name + " fell back to eager: " + p.info.eager_reason);
+        }
+      }
+      os << " " << cell << " |";
+    }
+    os << "\n";
+  }
+  return os.str();
+}
+
+std::string first_call_table(const Results& res) {
+  std::ostringstream os;
+  os << "| model | eager median |";
+  for (const Mode& m : modes())
+    if (is_compiled(m)) os << " " << m.name << " |";
+  os << "\n|---|---:|";
+  for (const Mode& m : modes())
+    if (is_compiled(m)) os << "---:|";
+  os << "\n";
+  for (size_t r = 0; r < rows().size(); ++r) {
+    os << "| " << rows()[r].label << " | " << ms(eager_ms(res, r)) << " |";
+    for (size_t m = 0; m < modes().size(); ++m) {
+      const Mode& mode = modes()[m];
+      if (!is_compiled(mode)) continue;
+      auto it = res.cells.find({r, m});
+      std::string cell;
+      if (!applies(rows()[r], mode)) {
+        cell = "–";
+      } else if (!available(mode)) {
+        cell = "n/a";
+      } else if (it == res.cells.end()) {
+        cell = "not run";
+      } else if (!prepared(r, m).error.empty()) {
+        cell = "error";
+      } else if (std::isnan(it->second.first_call_ms)) {
+        cell = "failed";
+      } else {
+        const Cell& c = it->second;
+        cell = ms(c.first_call_ms);
+        if (!c.first_info.eager_reason.empty()) {
+          cell += " (eager fallback)";
+        } else if (c.first_info.graphs != 1 || c.first_info.breaks != 0) {
+          cell += " (" + std::to_string(c.first_info.graphs) + " graphs, " + std::to_string(c.first_info.breaks) +
+                  " break" + (c.first_info.breaks == 1 ? "" : "s") + ")";
+        }
+      }
+      os << " " << cell << " |";
+    }
+    os << "\n";
+  }
+  return os.str();
+}
+
+size_t row_index(const std::string& id) {
+  for (size_t r = 0; r < rows().size(); ++r)
+    if (rows()[r].id == id) return r;
+  return rows().size();
+}
+
+size_t mode_index(const std::string& name) {
+  for (size_t m = 0; m < modes().size(); ++m)
+    if (modes()[m].name == name) return m;
+  return modes().size();
+}
+
+double cell_ms(const Results& res, size_t r, size_t m) {
+  auto it = res.cells.find({r, m});
+  if (it == res.cells.end() || !prepared(r, m).error.empty()) return NAN;
+  return it->second.median_ms;
+}
+
+std::string targets_table(const Results& res) {
+  std::ostringstream os;
+  os << "| id | anchor eager | anchor TorchScript | target | target speedup | eager (this run) | default (this run) "
+        "| default speedup | best compiled mode | met (ms) | met (speedup) |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|\n";
+  const size_t def = mode_index("default");
+  for (const Target& t : targets()) {
+    const size_t r = row_index(t.id);
+    const double need = t.eager_ms / t.target_ms;
+    const double e = eager_ms(res, r);
+    const double d = cell_ms(res, r, def);
+    std::string best = "?";
+    double best_ms = NAN;
+    for (size_t m = 0; m < modes().size(); ++m) {
+      const double v = is_compiled(modes()[m]) ? cell_ms(res, r, m) : NAN;
+      if (!std::isnan(v) && (std::isnan(best_ms) || v < best_ms)) {
+        best_ms = v;
+        best = modes()[m].name + " " + ms(v) + " (" + speed(e / v) + ")";
+      }
+    }
+    auto verdict = [](double v, bool ok) { return std::isnan(v) ? std::string("?") : ok ? std::string("met") : std::string("missed"); };
+    os << "| " << t.id << " | " << ms(t.eager_ms) << " | " << (t.torchscript_ms < 0 ? "–" : ms(t.torchscript_ms))
+       << " | ≤ " << ms(t.target_ms) << (t.note.empty() ? "" : " (" + t.note + ")") << " | ≥ " << speed(need) << " | "
+       << ms(e) << " | " << ms(d) << " | " << speed(e / d) << " | " << best << " | " << verdict(d, d <= t.target_ms)
+       << " | " << verdict(e / d, e / d >= need) << " |\n";
+  }
+  // First-call target: under 1 s for M1-M5 with the oneDNN backend.
+  const size_t onednn = mode_index("onednn");
+  os << "\nFirst call (trace + compile + one run) with the `onednn` backend, target < 1 s for M1–M5:\n\n"
+        "| id | onednn first call | met |\n|---|---:|---|\n";
+  for (const char* id : {"M1", "M2", "M3", "M4", "M5"}) {
+    const size_t r = row_index(id);
+    auto it = res.cells.find({r, onednn});
+    const double v = it == res.cells.end() ? NAN : it->second.first_call_ms;
+    if (!available(modes()[onednn])) {
+      os << "| " << id << " | n/a (backend not registered) | ? |\n";
+    } else {
+      os << "| " << id << " | " << ms(v) << " | " << (std::isnan(v) ? "?" : v < kFirstCallTargetMs ? "met" : "missed") << " |\n";
+    }
+  }
+  return os.str();
+}
+
+std::string speedup_tsv(const Results& res) {
+  // Only compiled modes with at least one figure, so that the chart has no empty series.
+  std::vector<size_t> cols;
+  for (size_t m = 0; m < modes().size(); ++m) {
+    if (!is_compiled(modes()[m])) continue;
+    for (size_t r = 0; r < rows().size(); ++r)
+      if (!std::isnan(cell_ms(res, r, m))) {
+        cols.push_back(m);
+        break;
+      }
+  }
+  std::ostringstream os;
+  os << "model";
+  for (size_t m : cols) os << "\t" << modes()[m].name;
+  os << "\n";
+  for (size_t r = 0; r < rows().size(); ++r) {
+    os << rows()[r].id;
+    const double e = eager_ms(res, r);
+    for (size_t m : cols) {
+      const double v = e / cell_ms(res, r, m);
+      os << "\t" << (std::isnan(v) ? std::string("?") : fmt("%.4f", v));
+    }
+    os << "\n";
+  }
+  return os.str();
+}
+
+std::string backends_list() {
+  std::string s;
+  for (const auto& b : torchcompile::list_backends({})) s += (s.empty() ? "" : ", ") + b;
+  return s;
+}
+
+std::string report(Results& res) {
+  res.notes.clear();
+  std::ostringstream os;
+  os << "## Median ms per call (speedup = eager median / mode median, same run)\n\n";
+  os << main_table(res);
+  os << "\nn/a: backend not registered in this build; –: mode not applicable (aot_eager: training rows only). "
+        "≠: result differs from eager beyond rtol 1e-3, atol 1e-4; †: the runtime fell back to eager; error: "
+        "compiling or the first call threw (numbers in brackets refer to the notes below).\n";
+  if (!res.notes.empty()) {
+    os << "\n";
+    for (size_t i = 0; i < res.notes.size(); ++i) os << "[" << i + 1 << "] " << res.notes[i] << "\n";
+  }
+  if (res.first_call_reps > 0) {
+    os << "\n## First call, ms (trace + backend compile + one run; median of " << res.first_call_reps
+       << " fresh compiles in a warm process)\n\n";
+    os << first_call_table(res);
+  }
+  os << "\n## Targets (targets.md) beside this run\n\n";
+  os << "\"met (ms)\" compares the `default` mode's median with the absolute target; \"met (speedup)\" compares its "
+        "speedup over eager in this run with the target's speedup over the anchor eager "
+        "(anchor eager ÷ target), which is robust to machine-to-machine differences.\n\n";
+  os << targets_table(res);
+  os << "\n## Run settings (from the benchmark binary)\n\n";
+  os << "- LibTorch " << TORCH_VERSION << ", torch::get_num_threads() = " << torch::get_num_threads() << "\n";
+  size_t min_reps = SIZE_MAX, max_reps = 0;
+  for (const auto& [key, c] : res.cells) {
+    if (std::isnan(c.median_ms)) continue;
+    min_reps = std::min(min_reps, c.repetitions);
+    max_reps = std::max(max_reps, c.repetitions);
+  }
+  if (max_reps > 0)
+    os << "- repetitions per benchmark: " << (min_reps == max_reps ? std::to_string(max_reps) : std::to_string(min_reps) + "–" + std::to_string(max_reps))
+       << " (each: the median single call after a warm-up; the figure is the median over repetitions)\n";
+  os << "- registered backends: " << backends_list() << "\n";
+  os << "- MALLOC_MMAP_THRESHOLD_=" << tc_bench::env_or("MALLOC_MMAP_THRESHOLD_", "(glibc default)")
+     << ", MALLOC_TRIM_THRESHOLD_=" << tc_bench::env_or("MALLOC_TRIM_THRESHOLD_", "(glibc default)")
+     << ", OPENBLAS_CORETYPE=" << tc_bench::env_or("OPENBLAS_CORETYPE", "(unset)") << "\n";
+  return os.str();
+}
+
+bool write_file(const std::string& path, const std::string& text) {
+  std::ofstream f(path);
+  f << text;
+  if (!f) {
+    std::fprintf(stderr, "bench_models: cannot write %s\n", path.c_str());
+    return false;
+  }
+  return true;
+}
+
+void measure_first_calls(Results& res) {
+  for (auto& [key, cell] : res.cells) {
+    const auto [r, m] = key;
+    const Mode& mode = modes()[m];
+    if (!is_compiled(mode) || !prepared(r, m).error.empty()) continue;
+    Instance& inst = instance(r);
+    c10::optional<torch::NoGradGuard> no_grad;
+    if (!inst.training) no_grad.emplace();
+    std::vector<double> times;
+    try {
+      for (int i = 0; i < res.first_call_reps; ++i) {
+        Runner fresh = inst.compile(mode.backend);
+        times.push_back(time_call_s(fresh.call) * 1e3);
+        cell.first_info = fresh.info();
+      }
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "bench_models: first call of %s/%s threw: %s\n", rows()[r].id.c_str(), mode.name.c_str(), e.what());
+    }
+    cell.first_call_ms = median(times);
+    std::printf("first call %-10s %-14s %10s ms\n", rows()[r].id.c_str(), mode.name.c_str(), ms(cell.first_call_ms).c_str());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  tc_bench::set_up_context();
+  benchmark::Initialize(&argc, argv);
+  std::string results_md, results_tsv;
+  Results res;
+  res.first_call_reps = 3;
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&](const std::string& flag, std::string& out) {
+      if (a.rfind(flag + "=", 0) != 0) return false;
+      out = a.substr(flag.size() + 1);
+      return true;
+    };
+    std::string v;
+    if (value("--results_md", results_md) || value("--results_tsv", results_tsv)) continue;
+    if (value("--first_call_reps", v)) {
+      res.first_call_reps = std::max(0, std::atoi(v.c_str()));
+      continue;
+    }
+    argv[kept++] = argv[i];
+  }
+  argc = kept;
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+
+  for (size_t r = 0; r < rows().size(); ++r) {
+    for (size_t m = 0; m < modes().size(); ++m) {
+      if (!applies(rows()[r], modes()[m]) || !available(modes()[m])) continue;
+      const std::string name = rows()[r].id + "/" + modes()[m].name;
+      benchmark::RegisterBenchmark(name.c_str(), run_benchmark, r, m)->UseManualTime()->Unit(benchmark::kMillisecond);
+    }
+  }
+  Collector collector;
+  benchmark::RunSpecifiedBenchmarks(&collector);
+  benchmark::Shutdown();
+
+  for (size_t r = 0; r < rows().size(); ++r) {
+    for (size_t m = 0; m < modes().size(); ++m) {
+      if (!executed().count({r, m})) continue;  // filtered out
+      Cell& c = res.cells[{r, m}];
+      // NaN if the benchmark failed: prepared(r, m).error says why.
+      c.median_ms = collector.median_of(rows()[r].id + "/" + modes()[m].name, &c.repetitions);
+    }
+  }
+  if (res.first_call_reps > 0) {
+    std::printf("\nFirst calls (%d fresh compiles each)\n", res.first_call_reps);
+    measure_first_calls(res);
+  }
+  const std::string text = report(res);
+  std::printf("\n%s", text.c_str());
+  bool ok = true;
+  if (!results_md.empty()) ok &= write_file(results_md, text);
+  if (!results_tsv.empty()) ok &= write_file(results_tsv, speedup_tsv(res));
+  return ok ? 0 : 1;
+}
