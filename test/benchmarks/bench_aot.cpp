@@ -10,8 +10,9 @@
 // backend, and the same with the min-cut partitioner): the cost of the AOT machinery before any
 // fusing backend. The summary gives each median next to eager's median from the same run.
 //
-// Run with glibc malloc tuned: scripts/bench.sh --target bench_aot (or set
-// MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=4294967296 yourself).
+// Run with glibc malloc tuned (MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=4294967296)
+// and --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true: the machine is
+// shared and noisy, and interleaved repetitions spread load changes over all modes.
 #include "bench_context.h"
 
 #include <benchmark/benchmark.h>
@@ -123,9 +124,16 @@ void print_partition_report() {
               " only the others, views of inputs and parameters excluded)\n\n");
 }
 
-std::map<std::string, double>& medians() {
-  static std::map<std::string, double> m;
+// Every timed step per benchmark, over all repetitions (interleaved by the --benchmark_enable_
+// random_interleaving flag, so that load changes hit every mode alike).
+std::map<std::string, std::vector<double>>& samples() {
+  static std::map<std::string, std::vector<double>> m;
   return m;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
 }
 
 // One training step of model `index`: eager when backend is empty.
@@ -155,7 +163,8 @@ void training_step(benchmark::State& state, size_t index, std::string backend, t
     fwd(x).pow(2).mean().backward();
   };
   for (int i = 0; i < 3; ++i) step();  // trace, compile, warm up
-  std::vector<double> times;
+  std::vector<double>& times =
+      samples()[m.name + "/" + (backend.empty() ? "eager" : backend + "/" + partitioner_name(p))];
   for (auto _ : state) {
     auto t0 = Clock::now();
     step();
@@ -163,8 +172,6 @@ void training_step(benchmark::State& state, size_t index, std::string backend, t
     state.SetIterationTime(s);
     times.push_back(s * 1e3);
   }
-  std::sort(times.begin(), times.end());
-  if (!times.empty()) medians()[m.name + "/" + (backend.empty() ? "eager" : backend + "/" + partitioner_name(p))] = times[times.size() / 2];
 }
 
 
@@ -186,12 +193,13 @@ int main(int argc, char** argv) {
   }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
-  std::printf("\nTraining step, median ms (same run; ratio = median / eager median)\n");
-  for (const auto& [key, ms] : medians()) {
+  std::printf("\nTraining step, median ms over all timed steps (same run; ratio = median / eager median)\n");
+  for (const auto& [key, times] : samples()) {
     const std::string model = key.substr(0, key.find('/'));
-    auto eager = medians().find(model + "/eager");
-    double ratio = eager != medians().end() && eager->second > 0 ? ms / eager->second : 0;
-    std::printf("%-32s %10.3f %8.3f\n", key.c_str(), ms, ratio);
+    const double ms = median(times);
+    auto eager = samples().find(model + "/eager");
+    const double eager_ms = eager != samples().end() ? median(eager->second) : 0;
+    std::printf("%-32s %10.3f %8.3f %8zu steps\n", key.c_str(), ms, eager_ms > 0 ? ms / eager_ms : 0.0, times.size());
   }
   return 0;
 }
