@@ -14,14 +14,20 @@
 #ifdef TORCHCOMPILE_HAVE_BACKEND_TORCHSCRIPT
 #include "../../backends/torchscript/torchscript_backend.h"
 #endif
+#ifdef TORCHCOMPILE_HAVE_BACKEND_ONEDNN
+#include "../../backends/onednn/onednn_backend.h"
+#endif
 
 namespace torchcompile::detail {
 
 void register_builtin_backends() {
 #ifdef TORCHCOMPILE_HAVE_BACKEND_EAGER
   register_backend("eager", &backends::eager_backend);
-  // The best built-in available; the oneDNN and C++ code generation backends take over here.
+  // The best built-in available: oneDNN when compiled in (below); the C++ code generation
+  // backend takes over here later.
+#ifndef TORCHCOMPILE_HAVE_BACKEND_ONEDNN
   register_backend("default", &backends::eager_backend);
+#endif
   // AOT forward and backward graphs, both run by the interpreter (seed 000's aot_eager).
   register_backend("aot_eager", aot_autograd(&backends::eager_backend));
 #endif
@@ -30,6 +36,10 @@ void register_builtin_backends() {
 #endif
 #ifdef TORCHCOMPILE_HAVE_BACKEND_TORCHSCRIPT
   register_backend("torchscript", &backends::torchscript_backend);
+#endif
+#ifdef TORCHCOMPILE_HAVE_BACKEND_ONEDNN
+  register_backend("onednn", &backends::onednn_backend);
+  register_backend("default", &backends::onednn_backend);
 #endif
 }
 

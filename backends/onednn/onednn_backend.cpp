@@ -1,0 +1,1597 @@
+#include "onednn_backend.h"
+
+#include "onednn_runtime.h"
+#include "runtime/logging.h"
+
+#include <torchcompile/ir/interpreter.h>
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/core/stack.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <map>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace torchcompile::backends {
+
+namespace onednn {
+
+namespace {
+
+using namespace detail;
+using ir::Node;
+using ir::NodeKind;
+using ir::TensorMeta;
+using ir::Value;
+using tag = dnnl::memory::format_tag;
+using dt = dnnl::memory::data_type;
+using dims = dnnl::memory::dims;
+using md_t = dnnl::memory::desc;
+
+// ---- small helpers ----------------------------------------------------------------------------
+
+const TensorMeta& meta(const Value& v) { return v.node->output_meta().at(v.index); }
+
+bool is_f32(const TensorMeta& m) {
+  return m.defined && m.dtype == at::kFloat && m.device.is_cpu() && !m.sizes.empty();
+}
+
+bool is_contiguous(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
+  int64_t expected = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    if (sizes[i] == 1) continue;
+    if (strides[i] != expected) return false;
+    expected *= sizes[i];
+  }
+  return true;
+}
+
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes) {
+  std::vector<int64_t> s(sizes.size());
+  int64_t acc = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    s[i] = acc;
+    acc *= std::max<int64_t>(sizes[i], 1);
+  }
+  return s;
+}
+
+int64_t numel(const std::vector<int64_t>& sizes) {
+  int64_t n = 1;
+  for (int64_t s : sizes) n *= s;
+  return n;
+}
+
+std::optional<std::vector<int64_t>> int_list(const c10::IValue& v) {
+  if (v.isIntList()) return v.toIntVector();
+  if (!v.isList()) return std::nullopt;
+  std::vector<int64_t> out;
+  for (const c10::IValue& e : v.toListRef()) {
+    if (e.isInt()) {
+      out.push_back(e.toInt());
+    } else if (e.isSymInt()) {
+      auto s = e.toSymInt();
+      if (s.is_symbolic()) return std::nullopt;
+      out.push_back(s.expect_int());
+    } else {
+      return std::nullopt;
+    }
+  }
+  return out;
+}
+
+std::optional<double> scalar(const c10::IValue& v) {
+  if (v.isDouble()) return v.toDouble();
+  if (v.isInt()) return static_cast<double>(v.toInt());
+  if (v.isBool()) return v.toBool() ? 1.0 : 0.0;
+  return std::nullopt;
+}
+
+const ir::Argument& arg(const Node* n, size_t i) { return n->args().at(i); }
+
+// The tensor value of argument i, if it is one and defined.
+std::optional<Value> value_arg(const Node* n, size_t i) {
+  if (i >= n->args().size()) return std::nullopt;
+  const ir::Argument& a = arg(n, i);
+  if (!a.is_value() || !meta(a.value()).defined) return std::nullopt;
+  return a.value();
+}
+
+// Argument i is a constant None (or an undefined tensor).
+bool none_arg(const Node* n, size_t i) {
+  if (i >= n->args().size()) return true;
+  const ir::Argument& a = arg(n, i);
+  if (a.is_constant()) return a.constant().isNone();
+  return a.is_value() && !meta(a.value()).defined;
+}
+
+std::optional<double> scalar_arg(const Node* n, size_t i) {
+  if (i >= n->args().size() || !arg(n, i).is_constant()) return std::nullopt;
+  return scalar(arg(n, i).constant());
+}
+
+bool is_call(const Node* n, std::initializer_list<const char*> targets) {
+  if (n->kind() != NodeKind::CallFunction) return false;
+  for (const char* t : targets)
+    if (n->target() == t) return true;
+  return false;
+}
+
+// Uses of every output of `n`.
+size_t total_uses(const Node* n) {
+  size_t u = 0;
+  for (size_t i = 0; i < n->num_outputs(); ++i) u += n->uses(i).size();
+  return u;
+}
+
+md_t plain_md(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
+  return md_t(dims(sizes.begin(), sizes.end()), dt::f32, dims(strides.begin(), strides.end()));
+}
+
+bool is_ref_impl(const char* impl) {
+  std::string s = impl ? impl : "";
+  return s.rfind("ref", 0) == 0 || s.find(":ref") != std::string::npos;
+}
+
+// ---- post-ops ---------------------------------------------------------------------------------
+
+struct Eltwise {
+  dnnl::algorithm alg;
+  float alpha = 0.f, beta = 0.f;
+  std::string label;
+};
+
+std::optional<Eltwise> eltwise_of(const Node* n) {
+  using A = dnnl::algorithm;
+  const std::string& t = n->target();
+  if (t == "aten::relu" || t == "aten::relu_") return Eltwise{A::eltwise_relu, 0.f, 0.f, "relu"};
+  if (t == "aten::leaky_relu" || t == "aten::leaky_relu_") {
+    auto s = scalar_arg(n, 1);
+    if (!s) return std::nullopt;
+    return Eltwise{A::eltwise_relu, static_cast<float>(*s), 0.f, "leaky_relu"};
+  }
+  if (t == "aten::gelu" || t == "aten::gelu_") {
+    std::string approx = "none";
+    if (n->args().size() > 1 && arg(n, 1).is_constant() && arg(n, 1).constant().isString())
+      approx = arg(n, 1).constant().toStringRef();
+    if (approx == "none") return Eltwise{A::eltwise_gelu_erf, 0.f, 0.f, "gelu"};
+    if (approx == "tanh") return Eltwise{A::eltwise_gelu_tanh, 0.f, 0.f, "gelu_tanh"};
+    return std::nullopt;
+  }
+  if (t == "aten::sigmoid" || t == "aten::sigmoid_") return Eltwise{A::eltwise_logistic, 0.f, 0.f, "sigmoid"};
+  if (t == "aten::tanh" || t == "aten::tanh_") return Eltwise{A::eltwise_tanh, 0.f, 0.f, "tanh"};
+  if (t == "aten::silu" || t == "aten::silu_") return Eltwise{A::eltwise_swish, 1.f, 0.f, "silu"};
+  if (t == "aten::hardswish" || t == "aten::hardswish_") return Eltwise{A::eltwise_hardswish, 0.f, 0.f, "hardswish"};
+  if (t == "aten::relu6" || t == "aten::relu6_") return Eltwise{A::eltwise_clip, 0.f, 6.f, "clamp"};
+  if (t == "aten::hardtanh" || t == "aten::hardtanh_") {
+    auto lo = scalar_arg(n, 1), hi = scalar_arg(n, 2);
+    if (!lo || !hi) return std::nullopt;
+    return Eltwise{A::eltwise_clip, static_cast<float>(*lo), static_cast<float>(*hi), "clamp"};
+  }
+  if (t == "aten::clamp" || t == "aten::clamp_") {
+    if (n->args().size() < 3) return std::nullopt;
+    auto lo = scalar_arg(n, 1), hi = scalar_arg(n, 2);
+    bool lo_none = none_arg(n, 1), hi_none = none_arg(n, 2);
+    if ((!lo && !lo_none) || (!hi && !hi_none) || (lo_none && hi_none)) return std::nullopt;
+    return Eltwise{A::eltwise_clip, lo ? static_cast<float>(*lo) : -FLT_MAX, hi ? static_cast<float>(*hi) : FLT_MAX,
+                   "clamp"};
+  }
+  return std::nullopt;
+}
+
+bool is_identity_dropout(const Node* n) {
+  if (!is_call(n, {"aten::dropout", "aten::feature_dropout", "aten::alpha_dropout"})) return false;
+  auto p = scalar_arg(n, 1);
+  auto train = scalar_arg(n, 2);
+  return (train && *train == 0.0) || (p && *p == 0.0);
+}
+
+// ---- matched groups ---------------------------------------------------------------------------
+
+struct PostOp {
+  bool is_add = false;
+  Eltwise e;
+  Value other;  // is_add: the residual
+};
+
+enum class GroupKind { Linear, Batched, Conv, Pool };
+
+struct Group {
+  GroupKind kind;
+  Node* anchor = nullptr;
+  std::string label;
+  Value src;
+  // Linear / Batched: the weight operand (logical (K, N) or (B, K, N)).
+  Value weight;
+  const at::Tensor* weight_attr = nullptr;  // prepacked: the module attribute
+  bool weight_transposed = false;           // logical weight = attr^T
+  std::vector<int64_t> w_sizes, w_strides;  // logical weight layout (dynamic weights)
+  std::optional<Value> bias;                // Linear: a 1-D value of size N
+  // Conv
+  const at::Tensor* conv_bias_attr = nullptr;
+  std::vector<int64_t> stride, padding, dilation;
+  int64_t groups = 1;
+  bool has_bn = false;
+  const at::Tensor *bn_w = nullptr, *bn_b = nullptr, *bn_rm = nullptr, *bn_rv = nullptr;
+  double bn_eps = 1e-5;
+  // The anchor (+ bias / BN) result, and the chain after it.
+  Value base;
+  std::vector<PostOp> post;
+  // Chain nodes, each with the number of post-ops applied once it has run.
+  std::vector<std::pair<Node*, size_t>> chain;
+  std::vector<Node*> head;  // anchor, bias add, BN: always part of the group
+  std::vector<Node*> helpers;  // get_attr / t nodes read only by the group (emitted on demand)
+  Value out;
+  size_t kept = 0;  // post-ops actually fused (after trimming)
+};
+
+std::string make_label(const Group& g, size_t kept) {
+  std::string s;
+  switch (g.kind) {
+    case GroupKind::Linear: s = "linear"; break;
+    case GroupKind::Batched: s = g.anchor->target() == "aten::bmm" || g.anchor->target() == "aten::baddbmm" ? "bmm" : "matmul"; break;
+    case GroupKind::Conv: s = "conv"; break;
+    case GroupKind::Pool: s = "avgpool"; break;
+  }
+  if (g.bias || g.conv_bias_attr) s += "+bias";
+  if (g.has_bn) s += "+bn";
+  for (size_t i = 0; i < kept; ++i) s += "+" + (g.post[i].is_add ? std::string("add") : g.post[i].e.label);
+  return s;
+}
+
+// ---- the compiler -------------------------------------------------------------------------------
+
+class Compiler {
+ public:
+  Compiler(GraphModule& gm) : gm_(gm) {
+    size_t i = 0;
+    for (const auto& n : gm.graph().nodes()) {
+      order_.push_back(n.get());
+      pos_[n.get()] = i++;
+    }
+  }
+
+  void match();
+  std::shared_ptr<Program> build();
+  const std::vector<std::string>& fused() const { return fused_; }
+  size_t num_groups() const { return groups_.size(); }
+  size_t blocked_values() const { return blocked_values_; }
+
+ private:
+  // matching
+  bool match_linear(Node* n, Group& g);
+  bool match_batched(Node* n, Group& g);
+  bool match_conv(Node* n, Group& g);
+  bool match_pool(Node* n, Group& g);
+  void extend_chain(Group& g);
+  bool sole_use(const Value& v, ir::Use* use) const;
+  bool claimed(const Node* n) const { return claimed_.count(n) != 0; }
+  const at::Tensor* attr_of(const Value& v) const;
+  bool side_effects_between(const Group& g, const Node* n) const;
+  // A 2-D weight operand (K, N): prepacked attribute (through t / transpose) or a plain value.
+  bool set_weight_2d(Group& g, const Value& w, bool transposed_by_op);
+
+  // building
+  uint32_t new_slot() { return static_cast<uint32_t>(prog_->num_slots++); }
+  uint32_t plain(const Value& v);
+  void emit_node(Node* n);
+  void emit_aten(Node* n);
+  bool emit_group(Group& g);
+  bool emit_linear(Group& g, bool batched);
+  bool emit_conv(Group& g);
+  bool emit_pool(Group& g);
+  bool keep_blocked(const Value& v) const;
+  PlainIn plain_in(const Value& v);
+  uint32_t add_mem(const md_t& md) {
+    prog_->mem_descs.push_back(md);
+    return static_cast<uint32_t>(prog_->mem_descs.size() - 1);
+  }
+  uint32_t add_buffer(size_t size) {
+    prog_->buffer_sizes.push_back(size);
+    return static_cast<uint32_t>(prog_->buffer_sizes.size() - 1);
+  }
+  void note_scratchpad(const md_t& md) {
+    prog_->buffer_sizes[0] = std::max(prog_->buffer_sizes[0], md.get_size());
+  }
+  void push(std::unique_ptr<Step> s, std::vector<uint32_t> reads) {
+    reads_.push_back(std::move(reads));
+    prog_->steps.push_back(std::move(s));
+  }
+
+  GraphModule& gm_;
+  std::vector<Node*> order_;
+  std::unordered_map<const Node*, size_t> pos_;
+  std::vector<std::unique_ptr<Group>> groups_;
+  std::unordered_set<const Node*> claimed_;                 // group members (anchor, head, chain)
+  std::unordered_map<const Node*, Group*> group_of_;        // every member -> its group
+  std::unordered_map<const Node*, Group*> group_end_;       // last member -> group
+  std::unordered_set<const Node*> deferred_;                // helpers emitted only on demand
+  std::vector<std::string> fused_;
+  size_t blocked_values_ = 0;
+
+  struct Loc {
+    enum Kind { None, Slot, Blocked } kind = None;
+    uint32_t index = 0;  // slot, or buffer
+    md_t md;
+    int64_t plain_slot = -1;
+    std::vector<int64_t> sizes;
+  };
+  static Loc slot_loc(uint32_t slot) {
+    Loc l;
+    l.kind = Loc::Slot;
+    l.index = slot;
+    return l;
+  }
+  std::unordered_map<Value, Loc, ir::ValueHash> locs_;
+  std::shared_ptr<Program> prog_;
+  std::vector<std::vector<uint32_t>> reads_;
+};
+
+const at::Tensor* Compiler::attr_of(const Value& v) const {
+  if (v.node->kind() != NodeKind::GetAttr) return nullptr;
+  const at::Tensor& t = gm_.attribute(v.node->target());
+  if (!t.defined() || t.is_inference() || t.scalar_type() != at::kFloat || !t.device().is_cpu() || t.is_sparse() ||
+      t.is_mkldnn())
+    return nullptr;
+  return &t;
+}
+
+bool Compiler::sole_use(const Value& v, ir::Use* use) const {
+  const auto& uses = v.node->uses(v.index);
+  if (uses.size() != 1) return false;
+  if (uses[0].user->kind() != NodeKind::CallFunction) return false;
+  *use = uses[0];
+  return true;
+}
+
+bool Compiler::side_effects_between(const Group& g, const Node* n) const {
+  size_t a = pos_.at(g.anchor), b = pos_.at(n);
+  for (size_t i = a + 1; i < b; ++i) {
+    Node* m = order_[i];
+    if (m->kind() == NodeKind::CallFunction && m->has_side_effects() && !group_of_.count(m)) {
+      bool member = std::find(g.head.begin(), g.head.end(), m) != g.head.end();
+      for (auto& c : g.chain) member |= c.first == m;
+      if (!member) return true;
+    }
+  }
+  return false;
+}
+
+bool Compiler::set_weight_2d(Group& g, const Value& w, bool) {
+  const TensorMeta& wm = meta(w);
+  if (!is_f32(wm) || wm.sizes.size() != 2) return false;
+  g.weight = w;
+  g.w_sizes = wm.sizes;
+  g.w_strides = wm.strides;
+  // Prepack an attribute read directly or through a 2-D transpose used only here.
+  Node* wn = w.node;
+  if (const at::Tensor* a = attr_of(w)) {
+    g.weight_attr = a;
+    g.weight_transposed = false;
+    if (wn->uses(0).size() == 1) g.helpers.push_back(wn);
+    return true;
+  }
+  bool is_t = is_call(wn, {"aten::t"}) ||
+              (is_call(wn, {"aten::transpose.int"}) && wn->args().size() >= 3 && arg(wn, 1).is_constant() &&
+               arg(wn, 2).is_constant() && scalar(arg(wn, 1).constant()) && scalar(arg(wn, 2).constant()) &&
+               std::abs(*scalar(arg(wn, 1).constant()) - *scalar(arg(wn, 2).constant())) == 1.0) ||
+              (is_call(wn, {"aten::permute"}) && int_list(arg(wn, 1).constant()) &&
+               *int_list(arg(wn, 1).constant()) == std::vector<int64_t>{1, 0});
+  if (is_t) {
+    auto base = value_arg(wn, 0);
+    if (base && meta(*base).sizes.size() == 2) {
+      if (const at::Tensor* a = attr_of(*base)) {
+        g.weight_attr = a;
+        g.weight_transposed = true;
+        if (total_uses(wn) == 1) {
+          g.helpers.push_back(wn);
+          if (base->node->uses(0).size() == 1) g.helpers.push_back(base->node);
+        }
+        return true;
+      }
+    }
+  }
+  return true;  // dynamic weight, read from its slot with the traced layout
+}
+
+// Collapse leading dims of an activation (..., K) into (M, K); nullopt if the layout does not allow it.
+std::optional<std::pair<std::vector<int64_t>, std::vector<int64_t>>> as_2d(const TensorMeta& m) {
+  const auto& s = m.sizes;
+  const auto& st = m.strides;
+  size_t n = s.size();
+  if (n < 2) return std::nullopt;
+  int64_t M = 1;
+  for (size_t i = 0; i + 1 < n; ++i) M *= s[i];
+  if (M == 0 || s[n - 1] == 0) return std::nullopt;
+  // The non-trivial leading dims must collapse into one with a single stride.
+  int64_t row = -1, expect = -1;
+  for (size_t i = n - 1; i-- > 0;) {
+    if (s[i] == 1) continue;
+    if (row < 0) {
+      row = st[i];
+    } else if (st[i] != expect) {
+      return std::nullopt;
+    }
+    expect = st[i] * s[i];
+  }
+  if (row < 0) row = s[n - 1] * st[n - 1];
+  return std::make_pair(std::vector<int64_t>{M, s[n - 1]}, std::vector<int64_t>{row, st[n - 1]});
+}
+
+bool Compiler::match_linear(Node* n, Group& g) {
+  const std::string& t = n->target();
+  g.kind = GroupKind::Linear;
+  g.anchor = n;
+  if (t == "aten::linear") {
+    auto x = value_arg(n, 0), w = value_arg(n, 1);
+    if (!x || !w || !is_f32(meta(*x)) || meta(*x).sizes.size() < 2) return false;
+    const TensorMeta& wm = meta(*w);
+    if (!is_f32(wm) || wm.sizes.size() != 2) return false;
+    // The weight is (N, K): the logical (K, N) operand is its transpose.
+    g.weight = *w;
+    g.w_sizes = {wm.sizes[1], wm.sizes[0]};
+    g.w_strides = {wm.strides[1], wm.strides[0]};
+    if (const at::Tensor* a = attr_of(*w)) {
+      g.weight_attr = a;
+      g.weight_transposed = true;
+      if (w->node->uses(0).size() == 1) g.helpers.push_back(w->node);
+    }
+    if (auto b = value_arg(n, 2)) {
+      g.bias = *b;
+    } else if (!none_arg(n, 2)) {
+      return false;
+    }
+    g.src = *x;
+  } else if (t == "aten::addmm") {
+    auto b = value_arg(n, 0), x = value_arg(n, 1), w = value_arg(n, 2);
+    auto beta = scalar_arg(n, 3), alpha = scalar_arg(n, 4);
+    if (!b || !x || !w || beta != 1.0 || alpha != 1.0) return false;
+    if (!is_f32(meta(*x)) || meta(*x).sizes.size() != 2) return false;
+    g.bias = *b;
+    g.src = *x;
+    if (!set_weight_2d(g, *w, false)) return false;
+  } else if (t == "aten::mm" || t == "aten::matmul") {
+    auto x = value_arg(n, 0), w = value_arg(n, 1);
+    if (!x || !w || !is_f32(meta(*x)) || meta(*w).sizes.size() != 2) return false;
+    if (t == "aten::mm" && meta(*x).sizes.size() != 2) return false;
+    if (meta(*x).sizes.size() < 2) return false;
+    g.src = *x;
+    if (!set_weight_2d(g, *w, false)) return false;
+  } else {
+    return false;
+  }
+  const TensorMeta& om = meta(n->output(0));
+  if (!is_f32(om) || !is_contiguous(om.sizes, om.strides)) return false;
+  if (!as_2d(meta(g.src))) return false;
+  const int64_t N = g.w_sizes[1];
+  if (g.w_sizes[0] != meta(g.src).sizes.back() || om.sizes.back() != N) return false;
+  if (g.bias) {
+    const TensorMeta& bm = meta(*g.bias);
+    if (!is_f32(bm) || bm.sizes != std::vector<int64_t>{N}) return false;
+  }
+  g.head.push_back(n);
+  g.base = n->output(0);
+  // A bias added by a separate (in-place) add, as LibTorch's Linear does for 3-D inputs.
+  ir::Use u;
+  if (!g.bias && sole_use(g.base, &u) && is_call(u.user, {"aten::add.Tensor", "aten::add_.Tensor"}) &&
+      scalar_arg(u.user, 2) == 1.0) {
+    Node* add = u.user;
+    bool inplace = add->target() == "aten::add_.Tensor";
+    auto other = value_arg(add, u.arg_index == 0 ? 1 : 0);
+    if (other && (!inplace || u.arg_index == 0) && is_f32(meta(*other)) &&
+        meta(*other).sizes == std::vector<int64_t>{N} && meta(add->output(0)).sizes == om.sizes &&
+        is_f32(meta(add->output(0))) && other->node != n) {
+      g.bias = *other;
+      g.head.push_back(add);
+      g.base = add->output(0);
+    }
+  }
+  return true;
+}
+
+bool Compiler::match_batched(Node* n, Group& g) {
+  g.kind = GroupKind::Batched;
+  g.anchor = n;
+  std::optional<Value> a, b, self;
+  if (is_call(n, {"aten::bmm", "aten::matmul"})) {
+    a = value_arg(n, 0);
+    b = value_arg(n, 1);
+  } else if (is_call(n, {"aten::baddbmm"})) {
+    self = value_arg(n, 0);
+    a = value_arg(n, 1);
+    b = value_arg(n, 2);
+    if (scalar_arg(n, 3) != 1.0 || scalar_arg(n, 4) != 1.0 || !self) return false;
+  } else {
+    return false;
+  }
+  if (!a || !b) return false;
+  const TensorMeta &am = meta(*a), &bm = meta(*b), &om = meta(n->output(0));
+  if (!is_f32(am) || !is_f32(bm) || !is_f32(om) || am.sizes.size() != 3 || bm.sizes.size() != 3) return false;
+  if (am.sizes[0] != bm.sizes[0] || am.sizes[2] != bm.sizes[1] || !is_contiguous(om.sizes, om.strides)) return false;
+  if (numel(am.sizes) == 0 || numel(bm.sizes) == 0) return false;
+  g.src = *a;
+  g.weight = *b;
+  g.w_sizes = bm.sizes;
+  g.w_strides = bm.strides;
+  g.head.push_back(n);
+  g.base = n->output(0);
+  if (self) {
+    const TensorMeta& sm = meta(*self);
+    if (!is_f32(sm) || sm.sizes != om.sizes) return false;
+    PostOp p;
+    p.is_add = true;
+    p.other = *self;
+    g.post.push_back(p);
+  }
+  return true;
+}
+
+bool Compiler::match_conv(Node* n, Group& g) {
+  g.kind = GroupKind::Conv;
+  g.anchor = n;
+  size_t groups_index;
+  if (is_call(n, {"aten::conv2d"})) {
+    groups_index = 6;
+  } else if (is_call(n, {"aten::convolution", "aten::_convolution"})) {
+    auto transposed = scalar_arg(n, 6);
+    if (!transposed || *transposed != 0.0) return false;
+    groups_index = 8;
+  } else {
+    return false;
+  }
+  auto x = value_arg(n, 0), w = value_arg(n, 1);
+  if (!x || !w) return false;
+  const TensorMeta &xm = meta(*x), &wm = meta(*w), &om = meta(n->output(0));
+  if (!is_f32(xm) || !is_f32(wm) || !is_f32(om) || xm.sizes.size() != 4 || wm.sizes.size() != 4) return false;
+  if (!is_contiguous(xm.sizes, xm.strides) || !is_contiguous(om.sizes, om.strides)) return false;
+  if (numel(xm.sizes) == 0 || numel(om.sizes) == 0) return false;
+  g.weight_attr = attr_of(*w);
+  if (!g.weight_attr) return false;
+  if (w->node->uses(0).size() == 1) g.helpers.push_back(w->node);
+  if (auto b = value_arg(n, 2)) {
+    g.conv_bias_attr = attr_of(*b);
+    if (!g.conv_bias_attr || meta(*b).sizes != std::vector<int64_t>{wm.sizes[0]}) return false;
+    if (b->node->uses(0).size() == 1) g.helpers.push_back(b->node);
+  } else if (!none_arg(n, 2)) {
+    return false;
+  }
+  auto st = int_list(arg(n, 3).constant()), pd = int_list(arg(n, 4).constant()), dl = int_list(arg(n, 5).constant());
+  auto gr = scalar_arg(n, groups_index);
+  if (!arg(n, 3).is_constant() || !st || !pd || !dl || !gr) return false;
+  auto expand = [](std::vector<int64_t> v) { return v.size() == 1 ? std::vector<int64_t>{v[0], v[0]} : v; };
+  g.stride = expand(*st);
+  g.padding = expand(*pd);
+  g.dilation = expand(*dl);
+  g.groups = static_cast<int64_t>(*gr);
+  if (g.stride.size() != 2 || g.padding.size() != 2 || g.dilation.size() != 2 || g.groups < 1) return false;
+  if (xm.sizes[1] != wm.sizes[1] * g.groups || wm.sizes[0] % g.groups != 0) return false;
+  g.src = *x;
+  g.head.push_back(n);
+  g.base = n->output(0);
+  // Eval BatchNorm right after: folded into the weights.
+  ir::Use u;
+  if (sole_use(g.base, &u) && u.arg_index == 0) {
+    Node* bn = u.user;
+    bool ok = false;
+    size_t eps_index = 0;
+    if (is_call(bn, {"aten::batch_norm"})) {
+      ok = scalar_arg(bn, 5) == 0.0;
+      eps_index = 7;
+    } else if (is_call(bn, {"aten::native_batch_norm"})) {
+      ok = scalar_arg(bn, 5) == 0.0 && bn->uses(1).empty() && bn->uses(2).empty();
+      eps_index = 7;
+    } else if (is_call(bn, {"aten::_native_batch_norm_legit_no_training"})) {
+      ok = bn->uses(1).empty() && bn->uses(2).empty();
+      eps_index = 6;
+    }
+    if (ok) {
+      auto eps = scalar_arg(bn, eps_index);
+      auto rm = value_arg(bn, 3), rv = value_arg(bn, 4), bw = value_arg(bn, 1), bb = value_arg(bn, 2);
+      const int64_t C = wm.sizes[0];
+      auto attr_c = [&](const std::optional<Value>& v) -> const at::Tensor* {
+        if (!v) return nullptr;
+        const at::Tensor* a = attr_of(*v);
+        return a && a->dim() == 1 && a->size(0) == C ? a : nullptr;
+      };
+      g.bn_rm = attr_c(rm);
+      g.bn_rv = attr_c(rv);
+      g.bn_w = attr_c(bw);
+      g.bn_b = attr_c(bb);
+      ok = eps && g.bn_rm && g.bn_rv && (g.bn_w || none_arg(bn, 1)) && (g.bn_b || none_arg(bn, 2)) &&
+           is_f32(meta(bn->output(0))) && meta(bn->output(0)).sizes == om.sizes;
+      if (ok) {
+        g.has_bn = true;
+        g.bn_eps = *eps;
+        g.head.push_back(bn);
+        for (auto& v : {rm, rv, bw, bb})
+          if (v && v->node->kind() == NodeKind::GetAttr && v->node->uses(0).size() == 1) g.helpers.push_back(v->node);
+        g.base = bn->output(0);
+      } else {
+        g.bn_rm = g.bn_rv = g.bn_w = g.bn_b = nullptr;
+      }
+    }
+  }
+  return true;
+}
+
+bool Compiler::match_pool(Node* n, Group& g) {
+  g.kind = GroupKind::Pool;
+  g.anchor = n;
+  auto x = value_arg(n, 0);
+  if (!x) return false;
+  // Only after a lowered convolution, whose output may then stay blocked.
+  bool after_conv = false;
+  for (auto& og : groups_)
+    if (og->kind == GroupKind::Conv && og->out == *x) after_conv = true;
+  if (!after_conv) return false;
+  const TensorMeta& xm = meta(*x);
+  if (!is_f32(xm) || xm.sizes.size() != 4 || !is_contiguous(xm.sizes, xm.strides)) return false;
+  if (is_call(n, {"aten::adaptive_avg_pool2d"})) {
+    auto os = int_list(arg(n, 1).constant());
+    if (!arg(n, 1).is_constant() || !os || !(*os == std::vector<int64_t>{1, 1} || *os == std::vector<int64_t>{1}))
+      return false;
+  } else if (is_call(n, {"aten::mean.dim"})) {
+    if (!arg(n, 1).is_constant()) return false;
+    auto d = int_list(arg(n, 1).constant());
+    if (!d || d->size() != 2 || !none_arg(n, 3)) return false;
+    std::vector<int64_t> dd = *d;
+    for (auto& v : dd) v = v < 0 ? v + 4 : v;
+    std::sort(dd.begin(), dd.end());
+    if (dd != std::vector<int64_t>{2, 3}) return false;
+  } else {
+    return false;
+  }
+  const TensorMeta& om = meta(n->output(0));
+  if (!is_f32(om) || !is_contiguous(om.sizes, om.strides) || numel(om.sizes) != xm.sizes[0] * xm.sizes[1]) return false;
+  g.src = *x;
+  g.head.push_back(n);
+  g.base = n->output(0);
+  return true;
+}
+
+void Compiler::extend_chain(Group& g) {
+  Value v = g.base;
+  size_t adds = 0;
+  for (auto& p : g.post) adds += p.is_add;
+  const std::vector<int64_t>& out_sizes = meta(v).sizes;
+  while (true) {
+    ir::Use u;
+    if (!sole_use(v, &u)) break;
+    Node* n = u.user;
+    if (claimed(n)) break;
+    if (!is_f32(meta(n->output(0))) || meta(n->output(0)).sizes != out_sizes) break;
+    if (side_effects_between(g, n)) break;
+    if (is_identity_dropout(n)) {
+      if (u.arg_index != 0) break;
+      g.chain.emplace_back(n, g.post.size());
+      v = n->output(0);
+      continue;
+    }
+    if (auto e = eltwise_of(n)) {
+      if (u.arg_index != 0) break;
+      PostOp p;
+      p.e = *e;
+      g.post.push_back(p);
+      g.chain.emplace_back(n, g.post.size());
+      v = n->output(0);
+      continue;
+    }
+    if (is_call(n, {"aten::add.Tensor", "aten::add_.Tensor"}) && scalar_arg(n, 2) == 1.0 && adds == 0) {
+      bool inplace = n->target() == "aten::add_.Tensor";
+      if (inplace && u.arg_index != 0) break;
+      if (u.arg_index > 1) break;
+      auto other = value_arg(n, u.arg_index == 0 ? 1 : 0);
+      if (!other || *other == v || !is_f32(meta(*other)) || meta(*other).sizes != out_sizes) break;
+      if (g.kind == GroupKind::Linear && !as_2d(meta(*other))) break;
+      if (g.kind == GroupKind::Pool) break;
+      PostOp p;
+      p.is_add = true;
+      p.other = *other;
+      g.post.push_back(p);
+      g.chain.emplace_back(n, g.post.size());
+      ++adds;
+      v = n->output(0);
+      continue;
+    }
+    break;
+  }
+  // Trailing dropouts are kept in the chain; the group's value is the last chain node's.
+  g.out = v;
+  g.kept = g.post.size();
+}
+
+void Compiler::match() {
+  for (Node* n : order_) {
+    if (n->kind() != NodeKind::CallFunction || claimed(n)) continue;
+    auto g = std::make_unique<Group>();
+    bool ok = false;
+    const std::string& t = n->target();
+    if (t == "aten::linear" || t == "aten::addmm" || t == "aten::mm" ||
+        (t == "aten::matmul" && value_arg(n, 1) && meta(*value_arg(n, 1)).sizes.size() == 2)) {
+      ok = match_linear(n, *g);
+    } else if (t == "aten::bmm" || t == "aten::baddbmm" || t == "aten::matmul") {
+      ok = match_batched(n, *g);
+    } else if (t == "aten::conv2d" || t == "aten::convolution" || t == "aten::_convolution") {
+      ok = match_conv(n, *g);
+    } else if (t == "aten::adaptive_avg_pool2d" || t == "aten::mean.dim") {
+      ok = match_pool(n, *g);
+    }
+    if (!ok) continue;
+    if (g->kind != GroupKind::Pool) extend_chain(*g);
+    else g->out = g->base;
+    for (Node* m : g->head) claimed_.insert(m), group_of_[m] = g.get();
+    for (auto& c : g->chain) claimed_.insert(c.first), group_of_[c.first] = g.get();
+    Node* end = g->chain.empty() ? g->head.back() : g->chain.back().first;
+    group_end_[end] = g.get();
+    groups_.push_back(std::move(g));
+  }
+  // Helpers (get_attr, t of a prepacked weight) are emitted only if something else needs them.
+  for (auto& g : groups_)
+    for (Node* h : g->helpers) deferred_.insert(h);
+}
+
+// ---- steps --------------------------------------------------------------------------------------
+
+struct AttrStep : Step {
+  const at::Tensor* attr;
+  uint32_t out;
+  void run(Ctx& c) const override { c.slots[out] = *attr; }
+};
+
+struct AtenStep : Step {
+  struct TensorArg {
+    uint32_t stack_index, slot;
+    bool optional;
+  };
+  struct ListArg {
+    uint32_t stack_index;
+    std::vector<int32_t> slots;
+    bool optional_elements;
+  };
+  c10::OperatorHandle op;
+  std::vector<c10::IValue> stack_template;
+  std::vector<TensorArg> tensor_args;
+  std::vector<ListArg> list_args;
+  std::vector<uint32_t> return_counts;
+  std::vector<bool> return_is_list;
+  std::vector<uint32_t> out_slots;
+  std::string name;
+  explicit AtenStep(c10::OperatorHandle h) : op(std::move(h)) {}
+
+  void run(Ctx& c) const override {
+    torch::jit::Stack stack = stack_template;
+    for (const auto& ta : tensor_args) {
+      const at::Tensor& t = c.slots[ta.slot];
+      if (ta.optional && !t.defined()) continue;
+      stack[ta.stack_index] = t;
+    }
+    for (const auto& la : list_args) {
+      if (la.optional_elements) {
+        c10::List<c10::optional<at::Tensor>> list;
+        list.reserve(la.slots.size());
+        for (int32_t s : la.slots) list.push_back(s < 0 ? c10::optional<at::Tensor>() : c10::optional<at::Tensor>(c.slots[s]));
+        stack[la.stack_index] = std::move(list);
+      } else {
+        c10::List<at::Tensor> list;
+        list.reserve(la.slots.size());
+        for (int32_t s : la.slots) list.push_back(c.slots[s]);
+        stack[la.stack_index] = std::move(list);
+      }
+    }
+    op.callBoxed(&stack);
+    size_t o = 0;
+    for (size_t r = 0; r < return_counts.size(); ++r) {
+      c10::IValue& rv = stack[r];
+      if (return_is_list[r]) {
+        const auto& elems = rv.toListRef();
+        TORCH_CHECK(elems.size() == return_counts[r], name, " returned a list of ", elems.size(),
+                    " tensors; the traced call returned ", return_counts[r]);
+        for (const c10::IValue& e : elems) c.slots[out_slots[o++]] = e.isTensor() ? e.toTensor() : at::Tensor();
+      } else {
+        c.slots[out_slots[o++]] = rv.isTensor() ? std::move(rv).toTensor() : at::Tensor();
+      }
+    }
+  }
+};
+
+struct ExecArgs {
+  dnnl_exec_arg_t a[12];
+  int n = 0;
+  void add(int arg, const dnnl::memory& m) { a[n++] = {arg, m.get()}; }
+};
+
+inline void set_handle(const dnnl::memory& m, void* p) {
+  dnnl::error::wrap_c_api(dnnl_memory_set_data_handle(m.get(), p), "could not set a memory handle");
+}
+
+inline void execute(const dnnl::primitive& p, const Ctx& c, const ExecArgs& args) {
+  dnnl::error::wrap_c_api(dnnl_primitive_execute(p.get(), c.stream, args.n, args.a), "could not execute a primitive");
+}
+
+// Reorder between two memory objects of the set.
+struct Reorder {
+  dnnl::reorder prim;
+  uint32_t mem_from = 0, mem_to = 0, mem_scratch = 0;
+  bool has_scratch = false;
+  void run(const Ctx& c, void* from, void* to) const {
+    const auto& m = c.ms->mems;
+    set_handle(m[mem_from], from);
+    set_handle(m[mem_to], to);
+    ExecArgs args;
+    args.add(DNNL_ARG_FROM, m[mem_from]);
+    args.add(DNNL_ARG_TO, m[mem_to]);
+    if (has_scratch) {
+      set_handle(m[mem_scratch], c.ms->buffer_ptrs[0]);
+      args.add(DNNL_ARG_SCRATCHPAD, m[mem_scratch]);
+    }
+    execute(prim, c, args);
+  }
+};
+
+dnnl::primitive_attr user_scratchpad_attr() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+// Blocked value -> plain fp32 tensor.
+struct ToPlainStep : Step {
+  Reorder r;
+  uint32_t buffer, out;
+  std::vector<int64_t> sizes;
+  void run(Ctx& c) const override {
+    at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(at::kFloat));
+    r.run(c, c.ms->buffer_ptrs[buffer], t.data_ptr());
+    c.slots[out] = std::move(t);
+  }
+};
+
+struct MatmulStep : Step {
+  dnnl::matmul prim;
+  PlainIn src;
+  std::shared_ptr<PackedHolder> packed;
+  PlainIn wei;  // dynamic weights
+  bool has_bias = false;
+  PlainIn bias;
+  std::vector<PlainIn> bins;  // binary-add operands
+  std::vector<int64_t> out_sizes;
+  uint32_t out = 0;
+  uint32_t m_src, m_wei, m_bias, m_dst, m_scratch;
+  std::vector<uint32_t> m_bins;
+  bool has_scratch = false;
+
+  void run(Ctx& c) const override {
+    const auto& m = c.ms->mems;
+    at::Tensor tmp_src, tmp_wei, tmp_bias;
+    ExecArgs args;
+    const at::Tensor& x = src.get(c, tmp_src);
+    set_handle(m[m_src], x.data_ptr());
+    args.add(DNNL_ARG_SRC, m[m_src]);
+    std::shared_ptr<const Packed> pk;
+    if (packed) {
+      pk = packed->get();
+      set_handle(m[m_wei], pk->weight.data_ptr());
+    } else {
+      set_handle(m[m_wei], wei.get(c, tmp_wei).data_ptr());
+    }
+    args.add(DNNL_ARG_WEIGHTS, m[m_wei]);
+    if (has_bias) {
+      set_handle(m[m_bias], bias.get(c, tmp_bias).data_ptr());
+      args.add(DNNL_ARG_BIAS, m[m_bias]);
+    }
+    at::Tensor tmp_bins[2];
+    for (size_t i = 0; i < bins.size(); ++i) {
+      set_handle(m[m_bins[i]], bins[i].get(c, tmp_bins[i]).data_ptr());
+      args.add(DNNL_ARG_ATTR_MULTIPLE_POST_OP(static_cast<int>(i)) | DNNL_ARG_SRC_1, m[m_bins[i]]);
+    }
+    at::Tensor y = at::empty(out_sizes, at::TensorOptions().dtype(at::kFloat));
+    set_handle(m[m_dst], y.data_ptr());
+    args.add(DNNL_ARG_DST, m[m_dst]);
+    if (has_scratch) {
+      set_handle(m[m_scratch], c.ms->buffer_ptrs[0]);
+      args.add(DNNL_ARG_SCRATCHPAD, m[m_scratch]);
+    }
+    execute(prim, c, args);
+    c.slots[out] = std::move(y);
+  }
+};
+
+// Where a conv / pool reads its source: a plain slot or a blocked buffer, optionally reordered
+// into the primitive's source layout first.
+struct ActIn {
+  bool blocked = false;
+  uint32_t index = 0;  // buffer (blocked) or slot
+  PlainIn plain;
+  std::optional<Reorder> reorder;  // to `reorder_buffer`
+  uint32_t reorder_buffer = 0;
+  void* get(const Ctx& c, at::Tensor& tmp) const {
+    void* p = blocked ? c.ms->buffer_ptrs[index] : plain.get(c, tmp).data_ptr();
+    if (!reorder) return p;
+    void* q = c.ms->buffer_ptrs[reorder_buffer];
+    reorder->run(c, p, q);
+    return q;
+  }
+};
+
+// Conv / pool output: a blocked buffer, a plain tensor directly, or a buffer reordered to plain.
+struct ActOut {
+  bool blocked = false;  // stays in `buffer`
+  bool direct = false;   // the primitive writes the plain tensor
+  uint32_t buffer = 0;
+  std::optional<Reorder> to_plain;
+  std::vector<int64_t> sizes;  // plain tensor
+  uint32_t slot = 0;
+};
+
+struct ConvStep : Step {
+  dnnl::primitive prim;
+  ActIn src;
+  std::shared_ptr<PackedHolder> packed;
+  ActOut out;
+  bool has_sum = false;
+  ActIn sum_src;           // residual: read, then reordered into the destination
+  std::optional<Reorder> sum_reorder;
+  uint32_t m_src, m_wei, m_bias, m_dst, m_scratch;
+  bool has_scratch = false;
+
+  void run(Ctx& c) const override {
+    const auto& m = c.ms->mems;
+    at::Tensor tmp_src, tmp_sum;
+    void* x = src.get(c, tmp_src);
+    std::shared_ptr<const Packed> pk = packed->get();
+    at::Tensor y;
+    void* dst;
+    if (out.direct) {
+      y = at::empty(out.sizes, at::TensorOptions().dtype(at::kFloat));
+      dst = y.data_ptr();
+    } else {
+      dst = c.ms->buffer_ptrs[out.buffer];
+    }
+    if (has_sum) {
+      void* r = sum_src.get(c, tmp_sum);
+      sum_reorder->run(c, r, dst);
+    }
+    ExecArgs args;
+    set_handle(m[m_src], x);
+    args.add(DNNL_ARG_SRC, m[m_src]);
+    set_handle(m[m_wei], pk->weight.data_ptr());
+    args.add(DNNL_ARG_WEIGHTS, m[m_wei]);
+    set_handle(m[m_bias], pk->bias.data_ptr());
+    args.add(DNNL_ARG_BIAS, m[m_bias]);
+    set_handle(m[m_dst], dst);
+    args.add(DNNL_ARG_DST, m[m_dst]);
+    if (has_scratch) {
+      set_handle(m[m_scratch], c.ms->buffer_ptrs[0]);
+      args.add(DNNL_ARG_SCRATCHPAD, m[m_scratch]);
+    }
+    execute(prim, c, args);
+    if (out.direct) {
+      c.slots[out.slot] = std::move(y);
+    } else if (!out.blocked) {
+      y = at::empty(out.sizes, at::TensorOptions().dtype(at::kFloat));
+      out.to_plain->run(c, dst, y.data_ptr());
+      c.slots[out.slot] = std::move(y);
+    }
+  }
+};
+
+struct PoolStep : Step {
+  dnnl::primitive prim;
+  ActIn src;
+  ActOut out;
+  uint32_t m_src, m_dst, m_scratch;
+  bool has_scratch = false;
+  void run(Ctx& c) const override {
+    const auto& m = c.ms->mems;
+    at::Tensor tmp_src;
+    void* x = src.get(c, tmp_src);
+    at::Tensor y = at::empty(out.sizes, at::TensorOptions().dtype(at::kFloat));
+    void* dst = out.direct ? y.data_ptr() : c.ms->buffer_ptrs[out.buffer];
+    ExecArgs args;
+    set_handle(m[m_src], x);
+    args.add(DNNL_ARG_SRC, m[m_src]);
+    set_handle(m[m_dst], dst);
+    args.add(DNNL_ARG_DST, m[m_dst]);
+    if (has_scratch) {
+      set_handle(m[m_scratch], c.ms->buffer_ptrs[0]);
+      args.add(DNNL_ARG_SCRATCHPAD, m[m_scratch]);
+    }
+    execute(prim, c, args);
+    if (!out.direct) out.to_plain->run(c, dst, y.data_ptr());
+    c.slots[out.slot] = std::move(y);
+  }
+};
+
+// ---- building -----------------------------------------------------------------------------------
+
+PlainIn Compiler::plain_in(const Value& v) {
+  PlainIn p;
+  p.slot = plain(v);
+  p.sizes = meta(v).sizes;
+  p.strides = meta(v).strides;
+  return p;
+}
+
+uint32_t Compiler::plain(const Value& v) {
+  auto it = locs_.find(v);
+  if (it == locs_.end() || it->second.kind == Loc::None) {
+    TORCH_INTERNAL_ASSERT(deferred_.count(v.node), "onednn backend: value of ", v.node->name(), " is not available");
+    deferred_.erase(v.node);
+    emit_node(v.node);
+    it = locs_.find(v);
+    TORCH_INTERNAL_ASSERT(it != locs_.end());
+  }
+  Loc& l = it->second;
+  if (l.kind == Loc::Slot) return l.index;
+  if (l.plain_slot < 0) {
+    auto s = std::make_unique<ToPlainStep>();
+    md_t plain = md_t(dims(l.sizes.begin(), l.sizes.end()), dt::f32, tag::nchw);
+    dnnl::reorder::primitive_desc rpd(cpu_engine(), l.md, cpu_engine(), plain, user_scratchpad_attr());
+    s->r.prim = dnnl::reorder(rpd);
+    s->r.mem_from = add_mem(l.md);
+    s->r.mem_to = add_mem(plain);
+    if (rpd.scratchpad_desc().get_size()) {
+      s->r.has_scratch = true;
+      s->r.mem_scratch = add_mem(rpd.scratchpad_desc());
+      note_scratchpad(rpd.scratchpad_desc());
+    }
+    s->buffer = l.index;
+    s->sizes = l.sizes;
+    s->out = new_slot();
+    l.plain_slot = s->out;
+    push(std::move(s), {});
+  }
+  return static_cast<uint32_t>(l.plain_slot);
+}
+
+void Compiler::emit_node(Node* n) {
+  switch (n->kind()) {
+    case NodeKind::Placeholder:
+      TORCH_INTERNAL_ASSERT(false, "placeholder emitted as a step");
+    case NodeKind::GetAttr: {
+      auto s = std::make_unique<AttrStep>();
+      s->attr = &gm_.attribute(n->target());
+      s->out = new_slot();
+      locs_[n->output(0)] = slot_loc(s->out);
+      push(std::move(s), {});
+      return;
+    }
+    case NodeKind::CallFunction:
+      emit_aten(n);
+      return;
+    default:
+      TORCH_CHECK(false, "onednn backend: cannot run node ", n->name());
+  }
+}
+
+void Compiler::emit_aten(Node* n) {
+  auto step = std::make_unique<AtenStep>(n->op());
+  step->name = n->name();
+  std::vector<uint32_t> reads;
+  const auto& schema = n->schema();
+  step->stack_template.resize(n->args().size());
+  for (size_t i = 0; i < n->args().size(); ++i) {
+    const ir::Argument& a = n->args()[i];
+    const c10::TypePtr& type = schema.arguments()[i].type();
+    if (a.is_constant()) {
+      step->stack_template[i] = a.constant();
+    } else if (a.is_value()) {
+      uint32_t s = plain(a.value());
+      reads.push_back(s);
+      step->tensor_args.push_back({static_cast<uint32_t>(i), s, ir::is_optional_tensor_type(type)});
+    } else {
+      AtenStep::ListArg la;
+      la.stack_index = static_cast<uint32_t>(i);
+      auto list_type = type->cast<c10::ListType>();
+      TORCH_INTERNAL_ASSERT(list_type, "onednn backend: list argument for non-list parameter of ", n->name());
+      la.optional_elements = ir::is_optional_tensor_type(list_type->getElementType());
+      for (const auto& e : a.list()) {
+        if (!e) {
+          la.slots.push_back(-1);
+          continue;
+        }
+        uint32_t s = plain(*e);
+        reads.push_back(s);
+        la.slots.push_back(static_cast<int32_t>(s));
+      }
+      step->list_args.push_back(std::move(la));
+    }
+  }
+  step->return_counts = n->return_counts();
+  for (const auto& r : schema.returns()) step->return_is_list.push_back(r.type()->kind() == c10::TypeKind::ListType);
+  for (size_t i = 0; i < n->num_outputs(); ++i) {
+    uint32_t s = new_slot();
+    step->out_slots.push_back(s);
+    locs_[n->output(i)] = slot_loc(s);
+  }
+  push(std::move(step), std::move(reads));
+}
+
+dnnl::post_ops make_post_ops(const Group& g, size_t kept, const std::vector<md_t>& add_mds, bool conv_sum) {
+  dnnl::post_ops po;
+  size_t add_index = 0;
+  for (size_t i = 0; i < kept; ++i) {
+    const PostOp& p = g.post[i];
+    if (p.is_add) {
+      if (conv_sum) po.append_sum(1.f);
+      else po.append_binary(dnnl::algorithm::binary_add, add_mds.at(add_index++));
+    } else {
+      po.append_eltwise(1.f, p.e.alg, p.e.alpha, p.e.beta);
+    }
+  }
+  return po;
+}
+
+// Plain 2-D (M, N) layout of an activation (..., N), as_2d's.
+md_t md_2d(const TensorMeta& m) {
+  auto p = *as_2d(m);
+  return plain_md(p.first, p.second);
+}
+
+bool Compiler::emit_linear(Group& g, bool batched) {
+  const TensorMeta& xm = meta(g.src);
+  const TensorMeta& om = meta(g.out);
+  md_t src_md, wei_md, dst_md, bias_md;
+  std::vector<int64_t> out_sizes = om.sizes;
+  if (batched) {
+    src_md = plain_md(xm.sizes, xm.strides);
+    wei_md = plain_md(g.w_sizes, g.w_strides);
+    dst_md = plain_md(out_sizes, contiguous_strides(out_sizes));
+  } else {
+    src_md = md_2d(xm);
+    const int64_t K = g.w_sizes[0], N = g.w_sizes[1];
+    const int64_t M = src_md.dims()[0];
+    wei_md = g.weight_attr ? md_t({K, N}, dt::f32, tag::any) : plain_md(g.w_sizes, g.w_strides);
+    dst_md = md_t({M, N}, dt::f32, tag::ab);
+    if (g.bias) bias_md = md_t({1, N}, dt::f32, tag::ab);
+  }
+  // Trim post-ops until oneDNN accepts the chain (never below the anchor itself).
+  for (size_t kept = g.kept + 1; kept-- > 0;) {
+    std::vector<md_t> add_mds;
+    for (size_t i = 0; i < kept; ++i)
+      if (g.post[i].is_add) {
+        const TensorMeta& rm = meta(g.post[i].other);
+        add_mds.push_back(batched ? plain_md(rm.sizes, rm.strides) : md_2d(rm));
+      }
+    dnnl::primitive_attr attr = user_scratchpad_attr();
+    attr.set_post_ops(make_post_ops(g, kept, add_mds, false));
+    std::optional<dnnl::matmul::primitive_desc> pd;
+    try {
+      auto d = g.bias ? dnnl::matmul::desc(src_md, wei_md, bias_md, dst_md) : dnnl::matmul::desc(src_md, wei_md, dst_md);
+      pd.emplace(d, attr, cpu_engine());
+    } catch (const dnnl::error&) {
+      continue;
+    }
+    if (is_ref_impl(pd->impl_info_str())) continue;
+    g.kept = kept;
+    auto s = std::make_unique<MatmulStep>();
+    std::vector<uint32_t> reads;
+    s->prim = dnnl::matmul(*pd);
+    s->src = plain_in(g.src);
+    reads.push_back(s->src.slot);
+    s->m_src = add_mem(src_md);
+    s->m_wei = add_mem(pd->weights_desc());
+    if (g.weight_attr) {
+      const at::Tensor* attr_t = g.weight_attr;
+      bool transposed = g.weight_transposed;
+      md_t packed_md = pd->weights_desc();
+      std::vector<int64_t> lsz = g.w_sizes;
+      s->packed = std::make_shared<PackedHolder>(std::vector<const at::Tensor*>{attr_t}, [=]() {
+        auto p = std::make_shared<Packed>();
+        record_sources(*p, {attr_t});
+        at::NoGradGuard no_grad;
+        at::Tensor w = transposed ? attr_t->t() : *attr_t;
+        w = w.contiguous();  // a plain (K, N) source
+        md_t user = plain_md(lsz, contiguous_strides(lsz));
+        p->weight = at::empty({static_cast<int64_t>(packed_md.get_size()) + 64}, at::kByte);
+        dnnl::memory from(user, cpu_engine(), w.data_ptr());
+        dnnl::memory to(packed_md, cpu_engine(), p->weight.data_ptr());
+        dnnl::stream st(cpu_engine());
+        dnnl::reorder(from, to).execute(st, from, to);
+        st.wait();
+        return std::shared_ptr<const Packed>(std::move(p));
+      });
+    } else {
+      s->wei.slot = plain(g.weight);
+      s->wei.sizes = meta(g.weight).sizes;
+      s->wei.strides = meta(g.weight).strides;
+      reads.push_back(s->wei.slot);
+    }
+    if (g.bias) {
+      s->has_bias = true;
+      s->bias.slot = plain(*g.bias);
+      s->bias.sizes = meta(*g.bias).sizes;
+      s->bias.strides = {1};
+      s->m_bias = add_mem(bias_md);
+      reads.push_back(s->bias.slot);
+    }
+    size_t ai = 0;
+    for (size_t i = 0; i < kept; ++i)
+      if (g.post[i].is_add) {
+        s->bins.push_back(plain_in(g.post[i].other));
+        reads.push_back(s->bins.back().slot);
+        s->m_bins.push_back(add_mem(add_mds[ai++]));
+      }
+    s->m_dst = add_mem(dst_md);
+    if (pd->scratchpad_desc().get_size()) {
+      s->has_scratch = true;
+      s->m_scratch = add_mem(pd->scratchpad_desc());
+      note_scratchpad(pd->scratchpad_desc());
+    }
+    // The result of the kept part of the chain.
+    Value out = g.base;
+    for (auto& c : g.chain)
+      if (c.second <= kept) out = c.first->output(0);
+      else break;
+    g.out = out;
+    s->out_sizes = meta(out).sizes;
+    s->out = new_slot();
+    locs_[out] = slot_loc(s->out);
+    push(std::move(s), std::move(reads));
+    return true;
+  }
+  return false;
+}
+
+bool Compiler::keep_blocked(const Value& v) const {
+  const auto& uses = v.node->uses(v.index);
+  if (uses.empty()) return false;
+  for (const auto& u : uses) {
+    auto it = group_of_.find(u.user);
+    if (it == group_of_.end()) return false;
+    if (it->second->kind != GroupKind::Conv && it->second->kind != GroupKind::Pool) return false;
+  }
+  return true;
+}
+
+bool Compiler::emit_conv(Group& g) {
+  const TensorMeta& xm = meta(g.src);
+  const at::Tensor& w = *g.weight_attr;
+  const int64_t N = xm.sizes[0], IC = xm.sizes[1], IH = xm.sizes[2], IW = xm.sizes[3];
+  const int64_t OC = w.size(0), KH = w.size(2), KW = w.size(3);
+  const std::vector<int64_t>& os = meta(g.base).sizes;
+  const int64_t OH = os[2], OW = os[3];
+  dims pad_l = {g.padding[0], g.padding[1]};
+  dims pad_r = {(OH - 1) * g.stride[0] + (KH - 1) * g.dilation[0] + 1 - IH - g.padding[0],
+                (OW - 1) * g.stride[1] + (KW - 1) * g.dilation[1] + 1 - IW - g.padding[1]};
+  dims strides = {g.stride[0], g.stride[1]};
+  dims dil = {g.dilation[0] - 1, g.dilation[1] - 1};
+  md_t wei_any = g.groups == 1 ? md_t({OC, IC, KH, KW}, dt::f32, tag::any)
+                               : md_t({g.groups, OC / g.groups, IC / g.groups, KH, KW}, dt::f32, tag::any);
+  md_t bias_md({OC}, dt::f32, tag::a);
+  md_t dst_any({N, OC, OH, OW}, dt::f32, tag::any);
+  md_t plain_src({N, IC, IH, IW}, dt::f32, tag::nchw);
+
+  // The source: blocked from an earlier conv (use its layout if the primitive takes it) or plain.
+  auto sit = locs_.find(g.src);
+  bool src_blocked = sit != locs_.end() && sit->second.kind == Loc::Blocked;
+  md_t src_have = src_blocked ? sit->second.md : plain_src;
+
+  for (size_t kept = g.kept + 1; kept-- > 0;) {
+    dnnl::primitive_attr attr = user_scratchpad_attr();
+    attr.set_post_ops(make_post_ops(g, kept, {}, true));
+    std::optional<dnnl::convolution_forward::primitive_desc> pd;
+    std::vector<md_t> tries;
+    if (src_blocked) tries.push_back(src_have);
+    tries.push_back(md_t({N, IC, IH, IW}, dt::f32, tag::any));
+    for (const md_t& src_try : tries) {
+      try {
+        dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+                                          src_try, wei_any, bias_md, dst_any, strides, dil, pad_l, pad_r);
+        dnnl::convolution_forward::primitive_desc p(d, attr, cpu_engine());
+        if (is_ref_impl(p.impl_info_str())) continue;
+        pd.emplace(p);
+        break;
+      } catch (const dnnl::error&) {
+      }
+    }
+    if (!pd) continue;
+    g.kept = kept;
+    auto s = std::make_unique<ConvStep>();
+    std::vector<uint32_t> reads;
+    s->prim = dnnl::convolution_forward(*pd);
+    // Source.
+    auto make_reorder = [&](const md_t& from, const md_t& to) {
+      Reorder r;
+      dnnl::reorder::primitive_desc rpd(cpu_engine(), from, cpu_engine(), to, user_scratchpad_attr());
+      r.prim = dnnl::reorder(rpd);
+      r.mem_from = add_mem(from);
+      r.mem_to = add_mem(to);
+      if (rpd.scratchpad_desc().get_size()) {
+        r.has_scratch = true;
+        r.mem_scratch = add_mem(rpd.scratchpad_desc());
+        note_scratchpad(rpd.scratchpad_desc());
+      }
+      return r;
+    };
+    if (src_blocked) {
+      s->src.blocked = true;
+      s->src.index = sit->second.index;
+    } else {
+      s->src.plain = plain_in(g.src);
+      reads.push_back(s->src.plain.slot);
+    }
+    if (!(pd->src_desc() == src_have)) {
+      s->src.reorder = make_reorder(src_have, pd->src_desc());
+      s->src.reorder_buffer = add_buffer(pd->src_desc().get_size());
+    }
+    // Weights (BN folded) and bias, packed.
+    std::vector<const at::Tensor*> sources{g.weight_attr};
+    for (const at::Tensor* t : {g.conv_bias_attr, g.bn_w, g.bn_b, g.bn_rm, g.bn_rv})
+      if (t) sources.push_back(t);
+    {
+      const at::Tensor *wt = g.weight_attr, *bt = g.conv_bias_attr, *bw = g.bn_w, *bb = g.bn_b, *rm = g.bn_rm,
+                       *rv = g.bn_rv;
+      const bool bn = g.has_bn;
+      const double eps = g.bn_eps;
+      const int64_t G = g.groups;
+      md_t packed_md = pd->weights_desc();
+      s->packed = std::make_shared<PackedHolder>(sources, [=]() {
+        auto p = std::make_shared<Packed>();
+        record_sources(*p, sources);
+        at::NoGradGuard no_grad;
+        at::Tensor W = wt->detach();
+        at::Tensor B = bt ? bt->detach().clone() : at::zeros({W.size(0)}, W.options());
+        if (bn) {
+          at::Tensor inv = (rv->detach() + eps).rsqrt();
+          at::Tensor scale = bw ? bw->detach() * inv : inv;
+          at::Tensor shift = bb ? bb->detach() - rm->detach() * scale : -rm->detach() * scale;
+          W = W * scale.reshape({-1, 1, 1, 1});
+          B = B * scale + shift;
+        }
+        W = W.contiguous();
+        p->bias = B.contiguous();
+        dims wd = G == 1 ? dims{W.size(0), W.size(1), W.size(2), W.size(3)}
+                         : dims{G, W.size(0) / G, W.size(1), W.size(2), W.size(3)};
+        md_t user(wd, dt::f32, G == 1 ? tag::oihw : tag::goihw);
+        p->weight = at::empty({static_cast<int64_t>(packed_md.get_size()) + 64}, at::kByte);
+        dnnl::memory from(user, cpu_engine(), W.data_ptr());
+        dnnl::memory to(packed_md, cpu_engine(), p->weight.data_ptr());
+        dnnl::stream st(cpu_engine());
+        dnnl::reorder(from, to).execute(st, from, to);
+        st.wait();
+        return std::shared_ptr<const Packed>(std::move(p));
+      });
+    }
+    s->m_src = add_mem(pd->src_desc());
+    s->m_wei = add_mem(pd->weights_desc());
+    s->m_bias = add_mem(bias_md);
+    s->m_dst = add_mem(pd->dst_desc());
+    if (pd->scratchpad_desc().get_size()) {
+      s->has_scratch = true;
+      s->m_scratch = add_mem(pd->scratchpad_desc());
+      note_scratchpad(pd->scratchpad_desc());
+    }
+    Value out = g.base;
+    for (auto& c : g.chain)
+      if (c.second <= kept) out = c.first->output(0);
+      else break;
+    g.out = out;
+    const std::vector<int64_t>& out_sizes = meta(out).sizes;
+    md_t plain_dst({N, OC, OH, OW}, dt::f32, tag::nchw);
+    // Residual (sum): copied into the destination in its layout first.
+    for (size_t i = 0; i < kept; ++i)
+      if (g.post[i].is_add) {
+        s->has_sum = true;
+        const Value& r = g.post[i].other;
+        auto rit = locs_.find(r);
+        md_t have = plain_dst;
+        if (rit != locs_.end() && rit->second.kind == Loc::Blocked) {
+          s->sum_src.blocked = true;
+          s->sum_src.index = rit->second.index;
+          have = rit->second.md;
+        } else {
+          s->sum_src.plain = plain_in(r);
+          reads.push_back(s->sum_src.plain.slot);
+        }
+        s->sum_reorder = make_reorder(have, pd->dst_desc());
+      }
+    // Destination.
+    s->out.sizes = out_sizes;
+    if (keep_blocked(out)) {
+      s->out.blocked = true;
+      ++blocked_values_;
+      s->out.buffer = add_buffer(pd->dst_desc().get_size());
+      Loc l;
+      l.kind = Loc::Blocked;
+      l.index = s->out.buffer;
+      l.md = pd->dst_desc();
+      l.sizes = out_sizes;
+      locs_[out] = l;
+    } else {
+      s->out.slot = new_slot();
+      if (pd->dst_desc() == plain_dst) {
+        s->out.direct = true;
+      } else {
+        s->out.buffer = add_buffer(pd->dst_desc().get_size());
+        s->out.to_plain = make_reorder(pd->dst_desc(), plain_dst);
+      }
+      locs_[out] = slot_loc(s->out.slot);
+    }
+    push(std::move(s), std::move(reads));
+    return true;
+  }
+  return false;
+}
+
+bool Compiler::emit_pool(Group& g) {
+  const TensorMeta& xm = meta(g.src);
+  const int64_t N = xm.sizes[0], C = xm.sizes[1], H = xm.sizes[2], W = xm.sizes[3];
+  auto sit = locs_.find(g.src);
+  bool src_blocked = sit != locs_.end() && sit->second.kind == Loc::Blocked;
+  md_t plain_src({N, C, H, W}, dt::f32, tag::nchw);
+  md_t src_md = src_blocked ? sit->second.md : plain_src;
+  md_t dst_any({N, C, 1, 1}, dt::f32, tag::any);
+  md_t plain_dst({N, C, 1, 1}, dt::f32, tag::nchw);
+  std::optional<dnnl::pooling_forward::primitive_desc> pd;
+  try {
+    dnnl::pooling_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::pooling_avg_exclude_padding,
+                                  src_md, dst_any, {1, 1}, {H, W}, {0, 0}, {0, 0});
+    pd.emplace(d, user_scratchpad_attr(), cpu_engine());
+  } catch (const dnnl::error&) {
+    return false;
+  }
+  if (is_ref_impl(pd->impl_info_str())) return false;
+  auto s = std::make_unique<PoolStep>();
+  std::vector<uint32_t> reads;
+  s->prim = dnnl::pooling_forward(*pd);
+  if (src_blocked) {
+    s->src.blocked = true;
+    s->src.index = sit->second.index;
+  } else {
+    s->src.plain = plain_in(g.src);
+    reads.push_back(s->src.plain.slot);
+  }
+  s->m_src = add_mem(src_md);
+  s->m_dst = add_mem(pd->dst_desc());
+  if (pd->scratchpad_desc().get_size()) {
+    s->has_scratch = true;
+    s->m_scratch = add_mem(pd->scratchpad_desc());
+    note_scratchpad(pd->scratchpad_desc());
+  }
+  s->out.sizes = meta(g.out).sizes;
+  s->out.slot = new_slot();
+  if (pd->dst_desc() == plain_dst) {
+    s->out.direct = true;
+  } else {
+    s->out.buffer = add_buffer(pd->dst_desc().get_size());
+    Reorder r;
+    dnnl::reorder::primitive_desc rpd(cpu_engine(), pd->dst_desc(), cpu_engine(), plain_dst, user_scratchpad_attr());
+    r.prim = dnnl::reorder(rpd);
+    r.mem_from = add_mem(pd->dst_desc());
+    r.mem_to = add_mem(plain_dst);
+    s->out.to_plain = r;
+  }
+  locs_[g.out] = slot_loc(s->out.slot);
+  push(std::move(s), std::move(reads));
+  return true;
+}
+
+bool Compiler::emit_group(Group& g) {
+  try {
+    switch (g.kind) {
+      case GroupKind::Linear: return emit_linear(g, false);
+      case GroupKind::Batched: return emit_linear(g, true);
+      case GroupKind::Conv: return emit_conv(g);
+      case GroupKind::Pool: return emit_pool(g);
+    }
+  } catch (const dnnl::error&) {
+  }
+  return false;
+}
+
+std::shared_ptr<Program> Compiler::build() {
+  prog_ = std::make_shared<Program>();
+  prog_->buffer_sizes.push_back(0);  // scratchpad
+  for (Node* n : order_) {
+    switch (n->kind()) {
+      case NodeKind::Placeholder: {
+        uint32_t s = new_slot();
+        prog_->input_slots.push_back(s);
+        locs_[n->output(0)] = slot_loc(s);
+        break;
+      }
+      case NodeKind::Output: {
+        for (const auto& e : n->args().at(0).list()) {
+          TORCH_CHECK(e.has_value(), "onednn backend: the output node returns None");
+          prog_->output_slots.push_back(plain(*e));
+        }
+        break;
+      }
+      default: {
+        if (deferred_.count(n)) break;
+        auto ge = group_end_.find(n);
+        if (ge != group_end_.end()) {
+          Group& g = *ge->second;
+          size_t steps_before = prog_->steps.size();
+          if (emit_group(g)) {
+            fused_.push_back(make_label(g, g.kept));
+            // Chain nodes beyond what oneDNN accepted run with ATen, in order.
+            size_t first_left = 0;
+            for (size_t i = 0; i < g.chain.size(); ++i)
+              if (g.chain[i].first->output(0) == g.out) first_left = i + 1;
+            for (size_t i = first_left; i < g.chain.size(); ++i) emit_aten(g.chain[i].first);
+          } else {
+            TORCH_INTERNAL_ASSERT(prog_->steps.size() >= steps_before);
+            for (Node* m : g.head) emit_aten(m);
+            for (auto& c : g.chain) emit_aten(c.first);
+          }
+          break;
+        }
+        if (claimed(n)) break;  // emitted with its group
+        emit_node(n);
+      }
+    }
+  }
+  // Free each slot after its last reader (outputs are never freed).
+  std::vector<int64_t> last(prog_->num_slots, -1);
+  for (size_t i = 0; i < reads_.size(); ++i)
+    for (uint32_t s : reads_[i]) last[s] = static_cast<int64_t>(i);
+  for (uint32_t s : prog_->output_slots) last[s] = -2;
+  for (uint32_t s = 0; s < prog_->num_slots; ++s)
+    if (last[s] >= 0) prog_->steps[last[s]]->free_after.push_back(s);
+  return prog_;
+}
+
+CompiledFn interpreter_fn(GraphModule& gm) {
+  auto interpreter = std::make_shared<ir::Interpreter>(gm);
+  return [interpreter](std::vector<at::Tensor> inputs) { return interpreter->run(std::move(inputs)); };
+}
+
+}  // namespace
+
+Compiled compile(GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
+  Compiled result;
+  auto interpret = [&](std::string reason) {
+    result.fn = interpreter_fn(gm);
+    result.interpreted = true;
+    result.reason = std::move(reason);
+    result.fused.clear();
+    return result;
+  };
+  if (at::GradMode::is_enabled()) {
+    bool needs_grad = false;
+    for (const auto& t : example_inputs) needs_grad |= t.defined() && t.requires_grad();
+    for (const auto& [name, a] : gm.attributes()) needs_grad |= a.first.defined() && a.first.requires_grad();
+    if (needs_grad) return interpret("grad mode is enabled and an input or parameter requires grad");
+  }
+  for (const auto& n : gm.graph().nodes())
+    if (n->kind() == NodeKind::CallModule) return interpret("the graph has call_module nodes");
+  try {
+    Compiler c(gm);
+    c.match();
+    if (c.num_groups() == 0) return interpret("nothing to fuse");
+    std::shared_ptr<Program> prog = c.build();
+    if (c.fused().empty()) return interpret("oneDNN accepted no fused primitive");
+    result.fused = c.fused();
+    result.blocked_values = c.blocked_values();
+    result.fn = [prog](std::vector<at::Tensor> inputs) { return prog->run(std::move(inputs)); };
+  } catch (const std::exception& e) {
+    TORCH_WARN("onednn backend: cannot compile the graph (", e.what(), "); running it with the interpreter");
+    return interpret(std::string("compile error: ") + e.what());
+  }
+  return result;
+}
+
+}  // namespace onednn
+
+CompiledFn onednn_backend(GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
+  onednn::Compiled c = onednn::compile(gm, example_inputs);
+  if (runtime::log_enabled(runtime::LogKind::Graph)) {
+    std::string msg = "onednn backend: ";
+    if (c.interpreted) {
+      msg += "interpreter (" + c.reason + ")";
+    } else {
+      msg += "fused " + std::to_string(c.fused.size()) + ":";
+      for (const auto& f : c.fused) msg += " " + f;
+    }
+    runtime::log(runtime::LogKind::Graph, msg);
+  }
+  return std::move(c.fn);
+}
+
+}  // namespace torchcompile::backends

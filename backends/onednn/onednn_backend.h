@@ -1,0 +1,78 @@
+// The `onednn` backend: lowers GEMMs and convolutions of the captured graph to oneDNN primitives
+// with fused post-ops; everything else runs through ATen.
+//
+// What it matches (fp32 CPU tensors only; anything else stays ATen):
+//  - linear-like GEMMs with a 2-D weight: `aten::linear`, `aten::addmm(bias, x, t(W))`,
+//    `aten::mm`, `aten::matmul(x, W)` with x of any rank >= 2 (leading dims collapsed), plus a
+//    following `add`/`add_` of a 1-D bias of size N (the C++ Linear's spelling for 3-D inputs).
+//    A weight read from a module attribute (get_attr, possibly through `aten::t`) is reordered
+//    once to the primitive's preferred blocked layout; any other weight is read as it is.
+//  - batched GEMMs: `aten::bmm`, `aten::matmul` of two 3-D tensors, `aten::baddbmm` (beta = alpha
+//    = 1); declined when oneDNN only has its reference implementation for the strides.
+//  - 2-D convolutions: `aten::conv2d`, `aten::convolution` (not transposed) with attribute
+//    weights, and an eval-mode BatchNorm directly after (`aten::batch_norm` with training=false,
+//    `aten::native_batch_norm`, `aten::_native_batch_norm_legit_no_training`) folded into the
+//    prepacked weights and bias. Conv outputs consumed only by other oneDNN convs (or by a global
+//    average pool, `adaptive_avg_pool2d(x, 1)` / `mean([2, 3])`, also lowered) stay in oneDNN's
+//    blocked layout; they are reordered to a plain tensor only where ATen or an output needs it.
+//  - after the anchor (and its bias / BN), a chain of post-ops in graph order: relu, leaky_relu,
+//    gelu (erf and tanh), sigmoid, tanh, silu, hardswish, hardtanh / relu6 / clamp, and one
+//    residual `add` (alpha 1, same shape; oneDNN `sum` for convs, `binary_add` for GEMMs).
+//    Eval dropout (`dropout(x, p, false)`) in the chain is skipped. A value is fused into its
+//    user only when that user is its only use (and it is not a graph output).
+//
+// Frozen weights stay correct: before each call every prepacked weight's sources (weight, bias,
+// BN parameters and running statistics) are checked against the TensorImpl and version counter
+// seen when packing; a change (in-place edit, load_state_dict copy) re-packs (folding BN again)
+// under a per-weight mutex before the primitive runs. LibTorch's C++ optimizers step through
+// `p.data()`, which does not bump `p`'s version counter, so the state of each source's `.grad()`
+// is checked too (a backward pass re-packs), and while a source has a gradient its contents are
+// also compared with a copy taken when packing (pure inference, without gradients, pays only the
+// identity/version checks). Attributes that are inference tensors (no version counter) are not
+// prepacked: their GEMMs read them as they are, their convolutions stay ATen.
+//
+// Thread-safe: one CompiledFn may run on many threads at once. Primitives use oneDNN's user
+// scratchpad mode; scratchpad, blocked intermediates and oneDNN memory objects come from a pool
+// of per-call sets (created on first need, then reused), and each thread has its own stream.
+//
+// Training: with grad mode enabled and any input or parameter requiring grad, the backend returns
+// the interpreter (ATen autograd keeps gradients correct). A graph with nothing to fuse, or with
+// call_module nodes, also runs with the interpreter.
+#pragma once
+
+#include <torchcompile/backends/registry.h>
+
+#include <string>
+#include <vector>
+
+namespace torchcompile::backends {
+
+/// The registered `onednn` backend (also `default` when oneDNN is compiled in).
+/// Logs the fusion report when TORCHCOMPILE_LOGS includes `graph`.
+CompiledFn onednn_backend(GraphModule& gm, const std::vector<at::Tensor>& example_inputs);
+
+namespace onednn {
+
+/// The result of compiling one graph.
+struct Compiled {
+  CompiledFn fn;
+  /// One entry per fused primitive, in graph order: the anchor (`linear`, `matmul`, `bmm`,
+  /// `conv`, `avgpool`) then what was fused into it, joined by '+': `bias`, `bn` (folded eval
+  /// BatchNorm), `relu`, `leaky_relu`, `gelu` (erf), `gelu_tanh`, `sigmoid`, `tanh`, `silu`,
+  /// `hardswish`, `clamp`, `add` (residual). E.g. "conv+bias+bn+relu", "linear+bias+gelu".
+  std::vector<std::string> fused;
+  /// Conv outputs kept in oneDNN's blocked layout for the next oneDNN primitive (not reordered
+  /// to a plain tensor in between).
+  size_t blocked_values = 0;
+  /// True when the whole graph runs with the interpreter; `reason` says why.
+  bool interpreted = false;
+  std::string reason;
+};
+
+/// Compile `gm` for oneDNN. The GraphModule must outlive the CompiledFn (attributes are read
+/// live from it).
+Compiled compile(GraphModule& gm, const std::vector<at::Tensor>& example_inputs);
+
+}  // namespace onednn
+
+}  // namespace torchcompile::backends

@@ -1,0 +1,158 @@
+#include "onednn_runtime.h"
+
+#include <ATen/ATen.h>
+
+#include <cstring>
+
+namespace torchcompile::backends::onednn::detail {
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+namespace {
+
+dnnl_stream_t thread_stream() {
+  thread_local dnnl::stream stream(cpu_engine());
+  return stream.get();
+}
+
+}  // namespace
+
+const at::Tensor& PlainIn::get(const Ctx& c, at::Tensor& tmp) const {
+  const at::Tensor& t = c.slots[slot];
+  if (C10_LIKELY(t.scalar_type() == at::kFloat && t.sizes().equals(sizes) && t.strides().equals(strides) &&
+                 !t.is_neg() && !t.is_conj()))
+    return t;
+  tmp = at::empty_strided(sizes, strides, t.options().dtype(at::kFloat));
+  tmp.copy_(t);
+  return tmp;
+}
+
+PackedHolder::PackedHolder(std::vector<const at::Tensor*> sources, PackFn pack)
+    : sources_(std::move(sources)), pack_(std::move(pack)) {
+  current_ = pack_();
+}
+
+namespace {
+
+// The gradient of `t` without LibTorch's warning for non-leaf tensors.
+const at::Tensor& grad_of(const at::Tensor& t) { return t.unsafeGetTensorImpl()->grad(); }
+
+}  // namespace
+
+void record_sources(Packed& p, const std::vector<const at::Tensor*>& sources) {
+  p.impls.clear();
+  p.versions.clear();
+  p.grad_impls.clear();
+  p.grad_versions.clear();
+  p.snapshots.clear();
+  bool any_grad = false;
+  for (const at::Tensor* s : sources) {
+    p.impls.push_back(s->unsafeGetTensorImpl());
+    p.versions.push_back(s->_version());
+    const at::Tensor& g = grad_of(*s);
+    p.grad_impls.push_back(g.defined() ? g.unsafeGetTensorImpl() : nullptr);
+    p.grad_versions.push_back(g.defined() && !g.is_inference() ? g._version() : 0);
+    any_grad |= g.defined();
+  }
+  if (any_grad) {
+    at::NoGradGuard no_grad;
+    for (const at::Tensor* s : sources) p.snapshots.push_back(s->detach().clone(at::MemoryFormat::Contiguous));
+  }
+}
+
+bool PackedHolder::valid(const Packed& p) const {
+  for (size_t i = 0; i < sources_.size(); ++i) {
+    const at::Tensor& s = *sources_[i];
+    if (s.unsafeGetTensorImpl() != p.impls[i] || s._version() != p.versions[i]) return false;
+    const at::Tensor& g = grad_of(s);
+    if (C10_UNLIKELY(g.defined() || p.grad_impls[i])) {
+      if ((g.defined() ? g.unsafeGetTensorImpl() : nullptr) != p.grad_impls[i]) return false;
+      if (g.defined() && !g.is_inference() && g._version() != p.grad_versions[i]) return false;
+    }
+  }
+  // Sources with gradients: compare contents (optimizer steps write through `.data()`).
+  for (size_t i = 0; i < p.snapshots.size(); ++i) {
+    const at::Tensor& s = *sources_[i];
+    const at::Tensor& snap = p.snapshots[i];
+    if (s.is_contiguous()) {
+      if (std::memcmp(s.data_ptr(), snap.data_ptr(), snap.nbytes()) != 0) return false;
+    } else {
+      at::NoGradGuard no_grad;
+      if (!at::equal(s.detach(), snap)) return false;
+    }
+  }
+  return true;
+}
+
+std::shared_ptr<const Packed> PackedHolder::get() {
+  std::shared_ptr<const Packed> p = std::atomic_load(&current_);
+  if (C10_LIKELY(valid(*p))) return p;
+  std::lock_guard<std::mutex> lock(mutex_);
+  p = std::atomic_load(&current_);
+  if (valid(*p)) return p;
+  // A new pack: calls still running keep the old one alive through their shared_ptr.
+  p = pack_();
+  std::atomic_store(&current_, p);
+  return p;
+}
+
+std::unique_ptr<MemSet> Program::acquire() {
+  {
+    std::lock_guard<std::mutex> lock(pool_mutex_);
+    if (!pool_.empty()) {
+      auto ms = std::move(pool_.back());
+      pool_.pop_back();
+      return ms;
+    }
+  }
+  auto ms = std::make_unique<MemSet>();
+  ms->mems.reserve(mem_descs.size());
+  for (const auto& md : mem_descs) ms->mems.emplace_back(md, cpu_engine(), static_cast<void*>(DNNL_MEMORY_NONE));
+  for (size_t size : buffer_sizes) {
+    // 64 extra bytes so the data can be aligned to a cache line whatever the allocator does.
+    at::Tensor b = size ? at::empty({static_cast<int64_t>(size + 64)}, at::kByte) : at::Tensor();
+    void* ptr = nullptr;
+    if (b.defined()) {
+      auto addr = reinterpret_cast<uintptr_t>(b.data_ptr());
+      ptr = reinterpret_cast<void*>((addr + 63) & ~uintptr_t(63));
+    }
+    ms->buffers.push_back(std::move(b));
+    ms->buffer_ptrs.push_back(ptr);
+  }
+  return ms;
+}
+
+void Program::release(std::unique_ptr<MemSet> ms) {
+  std::lock_guard<std::mutex> lock(pool_mutex_);
+  pool_.push_back(std::move(ms));
+}
+
+std::vector<at::Tensor> Program::run(std::vector<at::Tensor> inputs) {
+  TORCH_CHECK(inputs.size() == input_slots.size(), "onednn backend: the graph expects ", input_slots.size(),
+              " inputs, got ", inputs.size());
+  std::vector<at::Tensor> slots(num_slots);
+  for (size_t i = 0; i < inputs.size(); ++i) slots[input_slots[i]] = std::move(inputs[i]);
+  inputs.clear();
+
+  std::unique_ptr<MemSet> ms = acquire();
+  struct Release {
+    Program* p;
+    std::unique_ptr<MemSet>& ms;
+    ~Release() { p->release(std::move(ms)); }
+  } release_guard{this, ms};
+
+  Ctx ctx{slots.data(), ms.get(), thread_stream()};
+  for (const auto& step : steps) {
+    step->run(ctx);
+    for (uint32_t s : step->free_after) slots[s].reset();
+  }
+  std::vector<at::Tensor> outputs;
+  outputs.reserve(output_slots.size());
+  for (uint32_t s : output_slots) outputs.push_back(slots[s]);
+  return outputs;
+}
+
+}  // namespace torchcompile::backends::onednn::detail

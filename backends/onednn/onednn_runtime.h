@@ -1,0 +1,111 @@
+// Private to the onednn backend: the executable program (steps over value slots and oneDNN
+// primitives) and the prepacked-weight holder.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+#include <c10/util/ArrayRef.h>
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace torchcompile::backends::onednn::detail {
+
+/// The CPU engine shared by every compiled graph.
+dnnl::engine& cpu_engine();
+
+/// What one call needs besides the value slots: oneDNN memory objects (one per primitive
+/// argument, their data handles set at each call), the scratchpad and the buffers of blocked
+/// intermediates. A call takes a set from the program's pool and gives it back at the end, so
+/// concurrent calls never share one and steady-state calls allocate nothing here.
+struct MemSet {
+  std::vector<dnnl::memory> mems;
+  std::vector<at::Tensor> buffers;  // [0]: scratchpad; then one per blocked value / reorder target
+  std::vector<void*> buffer_ptrs;
+};
+
+struct Ctx {
+  at::Tensor* slots;
+  MemSet* ms;
+  dnnl_stream_t stream;
+};
+
+/// A plain fp32 tensor a primitive reads from a slot, with the layout the trace saw. A tensor
+/// with other sizes/strides (an ATen op whose output layout changed) is copied to that layout.
+struct PlainIn {
+  uint32_t slot = 0;
+  std::vector<int64_t> sizes, strides;
+  const at::Tensor& get(const Ctx& c, at::Tensor& tmp) const;
+};
+
+/// A prepacked weight (and, for convolutions, the bias with BatchNorm folded in), with the
+/// identity and version of every tensor it was computed from.
+///
+/// LibTorch's C++ optimizers update parameters through `p.data()`, which has its own version
+/// counter: an optimizer step leaves `p._version()` unchanged. So the state of each source's
+/// gradient is recorded too (a backward pass changes it), and while any source has a gradient
+/// (the model is being trained) the pack also keeps a copy of the sources and compares their
+/// contents at each call. Pure inference (no gradients) pays only the identity/version checks.
+struct Packed {
+  std::vector<const c10::TensorImpl*> impls;
+  std::vector<int64_t> versions;
+  std::vector<const c10::TensorImpl*> grad_impls;
+  std::vector<int64_t> grad_versions;
+  std::vector<at::Tensor> snapshots;  // empty unless a source had a gradient when packing
+  at::Tensor weight;  // bytes, in the primitive's weights layout
+  at::Tensor bias;    // fp32 (convolutions), may be undefined
+};
+
+class PackedHolder {
+ public:
+  using PackFn = std::function<std::shared_ptr<const Packed>()>;
+  PackedHolder(std::vector<const at::Tensor*> sources, PackFn pack);
+  /// The current pack, re-packed first if a source changed identity or version.
+  std::shared_ptr<const Packed> get();
+  const std::vector<const at::Tensor*>& sources() const { return sources_; }
+
+ private:
+  bool valid(const Packed& p) const;
+  std::vector<const at::Tensor*> sources_;
+  PackFn pack_;
+  std::shared_ptr<const Packed> current_;
+  std::mutex mutex_;
+};
+
+/// Records the sources' identities and versions into `p` (call before reading their data).
+void record_sources(Packed& p, const std::vector<const at::Tensor*>& sources);
+
+struct Step {
+  virtual ~Step() = default;
+  virtual void run(Ctx& c) const = 0;
+  std::vector<uint32_t> free_after;  // slots whose last use is this step
+};
+
+/// An executable graph.
+class Program {
+ public:
+  size_t num_slots = 0;
+  std::vector<uint32_t> input_slots;
+  std::vector<std::unique_ptr<Step>> steps;
+  std::vector<uint32_t> output_slots;
+  std::vector<dnnl::memory::desc> mem_descs;  // one oneDNN memory object per entry
+  std::vector<size_t> buffer_sizes;            // [0]: scratchpad (max over primitives)
+
+  std::vector<at::Tensor> run(std::vector<at::Tensor> inputs);
+
+ private:
+  std::unique_ptr<MemSet> acquire();
+  void release(std::unique_ptr<MemSet> ms);
+  std::mutex pool_mutex_;
+  std::vector<std::unique_ptr<MemSet>> pool_;
+};
+
+}  // namespace torchcompile::backends::onednn::detail

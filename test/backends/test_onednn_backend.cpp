@@ -1,0 +1,563 @@
+// The onednn backend: each fusion pattern fires (the fusion report says so) and matches eager
+// LibTorch; prepacked weights follow optimizer steps and in-place copies; unmatched ops, training
+// graphs and concurrent calls stay correct.
+#include "support/test_util.h"
+
+#include "../../backends/onednn/onednn_backend.h"
+#include "../../src/runtime/logging.h"
+
+#include <atomic>
+#include <functional>
+#include <thread>
+
+namespace {
+
+namespace od = torchcompile::backends::onednn;
+
+// oneDNN (AVX-512, other summation order, its own erf/tanh) against LibTorch's kernels in fp32.
+constexpr double kRtol = 1e-4;
+constexpr double kAtol = 1e-5;
+
+// A backend compiling with od::compile and keeping each graph's report.
+struct Recorder {
+  struct Entry {
+    std::vector<std::string> fused;
+    size_t blocked_values = 0;
+    bool interpreted = false;
+    std::string reason;
+  };
+  std::shared_ptr<std::vector<Entry>> entries = std::make_shared<std::vector<Entry>>();
+  std::shared_ptr<std::mutex> mutex = std::make_shared<std::mutex>();
+
+  torchcompile::Backend backend() const {
+    auto e = entries;
+    auto m = mutex;
+    return [e, m](torchcompile::GraphModule& gm, const std::vector<at::Tensor>& inputs) {
+      od::Compiled c = od::compile(gm, inputs);
+      std::lock_guard<std::mutex> lock(*m);
+      e->push_back({c.fused, c.blocked_values, c.interpreted, c.reason});
+      return c.fn;
+    };
+  }
+  // All fused labels of all graphs.
+  std::vector<std::string> fused() const {
+    std::vector<std::string> all;
+    for (const auto& e : *entries) all.insert(all.end(), e.fused.begin(), e.fused.end());
+    return all;
+  }
+};
+
+torchcompile::CompileOptions opts(const Recorder& r) {
+  return torchcompile::CompileOptions(r.backend()).with_fullgraph();
+}
+
+// A module applying `fn` to its input with the given submodules' parameters registered.
+struct FnModule : torch::nn::Module {
+  std::function<torch::Tensor(FnModule&, torch::Tensor)> fn;
+  torch::Tensor forward(torch::Tensor x) { return fn(*this, x); }
+};
+
+// Compiled and eager, called `calls` times (the first call traces) on fresh inputs.
+template <typename M>
+void expect_matches_eager(M& model, const std::function<torch::Tensor()>& make_input, const Recorder& r,
+                          int calls = 3, double rtol = kRtol, double atol = kAtol) {
+  auto fast = torch::compile(model, opts(r));
+  for (int i = 0; i < calls; ++i) {
+    torch::Tensor x = make_input();
+    torch::Tensor expected = model->forward(x);
+    torch::Tensor actual = fast(x);
+    EXPECT_TRUE(tc_test::tensors_close(expected, actual, rtol, atol)) << "call " << i;
+  }
+}
+
+std::shared_ptr<FnModule> linear_then(std::function<torch::Tensor(torch::Tensor)> act, int64_t in = 24, int64_t out = 40) {
+  auto m = std::make_shared<FnModule>();
+  auto lin = m->register_module("lin", torch::nn::Linear(in, out));
+  m->fn = [lin, act](FnModule&, torch::Tensor x) { return act(lin->forward(x)); };
+  return m;
+}
+
+TEST(OneDnnBackend, IsRegisteredAndDefaultUsesIt) {
+  EXPECT_TRUE(torchcompile::has_backend("onednn"));
+  auto names = torchcompile::list_backends();
+  EXPECT_NE(std::find(names.begin(), names.end(), "onednn"), names.end());
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(0);
+  torch::nn::Sequential net(torch::nn::Linear(8, 16), torch::nn::ReLU());
+  torchcompile::runtime::set_logs("graph");
+  ::testing::internal::CaptureStderr();
+  auto fast = torch::compile(net, "default");
+  auto x = torch::randn({4, 8});
+  fast(x);
+  torch::Tensor y = fast(x);
+  std::string err = ::testing::internal::GetCapturedStderr();
+  torchcompile::runtime::reset_logs();
+  EXPECT_THAT(err, ::testing::HasSubstr("onednn backend: fused 1: linear+bias+relu"));
+  EXPECT_TRUE(tc_test::tensors_close(net->forward(x), y, kRtol, kAtol));
+}
+
+TEST(OneDnnBackend, LinearReluFuses) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(0);
+  torch::nn::Sequential net(torch::nn::Linear(24, 40), torch::nn::ReLU(), torch::nn::Linear(40, 8));
+  Recorder r;
+  expect_matches_eager(net, [] { return torch::randn({16, 24}); }, r);
+  EXPECT_EQ(r.fused(), (std::vector<std::string>{"linear+bias+relu", "linear+bias"}));
+}
+
+TEST(OneDnnBackend, LinearWithEachEltwiseFuses) {
+  torch::NoGradGuard no_grad;
+  struct Case {
+    std::string label;
+    std::function<torch::Tensor(torch::Tensor)> act;
+  };
+  std::vector<Case> cases = {
+      {"relu", [](torch::Tensor t) { return torch::relu(t); }},
+      {"gelu", [](torch::Tensor t) { return torch::gelu(t); }},
+      {"gelu_tanh", [](torch::Tensor t) { return torch::gelu(t, "tanh"); }},
+      {"sigmoid", [](torch::Tensor t) { return torch::sigmoid(t); }},
+      {"tanh", [](torch::Tensor t) { return torch::tanh(t); }},
+      {"silu", [](torch::Tensor t) { return torch::silu(t); }},
+      {"hardswish", [](torch::Tensor t) { return torch::hardswish(t); }},
+      {"clamp", [](torch::Tensor t) { return torch::clamp(t, -0.3, 0.4); }},
+      {"clamp", [](torch::Tensor t) { return torch::hardtanh(t, -0.5, 0.25); }},
+      {"clamp", [](torch::Tensor t) { return torch::clamp(t, c10::nullopt, 0.3); }},
+      {"leaky_relu", [](torch::Tensor t) { return torch::leaky_relu(t, 0.1); }},
+      {"relu", [](torch::Tensor t) { return t.relu_(); }},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.label);
+    torch::manual_seed(1);
+    auto m = linear_then(c.act);
+    Recorder r;
+    expect_matches_eager(m, [] { return torch::randn({12, 24}) * 2; }, r);
+    auto fused = r.fused();
+    ASSERT_FALSE(fused.empty());
+    EXPECT_EQ(fused[0].rfind("linear+bias+" + c.label, 0), 0u) << fused[0];
+  }
+}
+
+TEST(OneDnnBackend, LinearGeluErfAndTanhOn3dInputs) {
+  // LibTorch's Linear on 3-D input: t + matmul + add_(bias); both gelu flavours.
+  torch::NoGradGuard no_grad;
+  for (std::string approx : {"none", "tanh"}) {
+    torch::manual_seed(2);
+    auto m = linear_then([approx](torch::Tensor t) { return torch::gelu(t, approx); }, 32, 64);
+    Recorder r;
+    expect_matches_eager(m, [] { return torch::randn({3, 5, 32}); }, r);
+    EXPECT_EQ(r.fused(), std::vector<std::string>{approx == "none" ? "linear+bias+gelu" : "linear+bias+gelu_tanh"});
+  }
+}
+
+TEST(OneDnnBackend, LinearResidualAddFuses) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(3);
+  auto m = std::make_shared<FnModule>();
+  auto lin = m->register_module("lin", torch::nn::Linear(32, 32));
+  m->fn = [lin](FnModule&, torch::Tensor x) { return torch::relu(x + lin->forward(x)); };
+  Recorder r;
+  expect_matches_eager(m, [] { return torch::randn({4, 6, 32}); }, r);
+  EXPECT_EQ(r.fused(), std::vector<std::string>{"linear+bias+add+relu"});
+}
+
+TEST(OneDnnBackend, IntermediateWithAnotherUserIsNotFused) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(4);
+  auto m = std::make_shared<FnModule>();
+  auto lin = m->register_module("lin", torch::nn::Linear(16, 16));
+  m->fn = [lin](FnModule&, torch::Tensor x) {
+    torch::Tensor y = lin->forward(x);
+    return torch::relu(y) * y;
+  };
+  Recorder r;
+  expect_matches_eager(m, [] { return torch::randn({8, 16}); }, r);
+  EXPECT_EQ(r.fused(), std::vector<std::string>{"linear+bias"});
+}
+
+TEST(OneDnnBackend, BmmMatmulAndBaddbmm) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(5);
+  auto f = [](torch::Tensor a, torch::Tensor b, torch::Tensor c) {
+    torch::Tensor s = torch::bmm(a, b);
+    torch::Tensor t = torch::relu(torch::matmul(a, b.transpose(1, 2).contiguous().transpose(1, 2)));
+    torch::Tensor u = torch::baddbmm(c, a, b);
+    return s * t * u;  // (a residual add would be fused into the first bmm)
+  };
+  Recorder r;
+  auto fast = torch::compile(f, opts(r));
+  for (int i = 0; i < 3; ++i) {
+    auto a = torch::randn({4, 8, 16}), b = torch::randn({4, 16, 12}), c = torch::randn({4, 8, 12});
+    EXPECT_TRUE(tc_test::tensors_close(f(a, b, c), fast(a, b, c), kRtol, kAtol));
+  }
+  auto fused = r.fused();
+  ASSERT_EQ(fused.size(), 3u);
+  EXPECT_EQ(fused[0], "bmm");
+  EXPECT_EQ(fused[1], "matmul+relu");
+  EXPECT_EQ(fused[2].rfind("bmm+add", 0), 0u) << fused[2];
+}
+
+TEST(OneDnnBackend, ConvBiasReluFuses) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(6);
+  torch::nn::Sequential net(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 16, 3).padding(1)), torch::nn::ReLU());
+  Recorder r;
+  expect_matches_eager(net, [] { return torch::randn({2, 3, 12, 12}); }, r);
+  EXPECT_EQ(r.fused(), std::vector<std::string>{"conv+bias+relu"});
+}
+
+TEST(OneDnnBackend, ConvStridedGroupedDilatedMatchEager) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(7);
+  torch::nn::Sequential net(torch::nn::Conv2d(torch::nn::Conv2dOptions(8, 16, 3).stride(2).padding(1).bias(false)),
+                            torch::nn::SiLU(),
+                            torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 16, 3).padding(2).dilation(2).groups(4)),
+                            torch::nn::Sigmoid());
+  Recorder r;
+  expect_matches_eager(net, [] { return torch::randn({2, 8, 15, 13}); }, r);
+  EXPECT_EQ(r.fused(), (std::vector<std::string>{"conv+silu", "conv+bias+sigmoid"}));
+}
+
+TEST(OneDnnBackend, ConvBatchNormEvalFoldsAndReluFuses) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(8);
+  torch::nn::Sequential net(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 16, 3).padding(1)), torch::nn::BatchNorm2d(16),
+                            torch::nn::ReLU(), torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 8, 1).bias(false)),
+                            torch::nn::BatchNorm2d(8), torch::nn::ReLU6());
+  // Non-trivial running statistics and affine parameters.
+  for (auto& buf : net->named_buffers()) {
+    if (buf.key().find("running_mean") != std::string::npos) buf.value().normal_(0, 0.5);
+    if (buf.key().find("running_var") != std::string::npos) buf.value().uniform_(0.5, 2);
+  }
+  for (auto& p : net->named_parameters())
+    if (p.key().rfind("1.", 0) == 0 || p.key().rfind("4.", 0) == 0) p.value().uniform_(0.5, 1.5);
+  net->eval();
+  Recorder r;
+  expect_matches_eager(net, [] { return torch::randn({2, 3, 10, 10}); }, r);
+  EXPECT_EQ(r.fused(), (std::vector<std::string>{"conv+bias+bn+relu", "conv+bn+clamp"}));
+}
+
+TEST(OneDnnBackend, TrainingModeBatchNormIsNotFolded) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(9);
+  torch::nn::Sequential net(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 8, 3)), torch::nn::BatchNorm2d(8));
+  net->train();
+  Recorder r;
+  auto fast = torch::compile(net, opts(r));
+  auto x = torch::randn({2, 3, 8, 8});
+  // Each call updates the running statistics: compare against an eager copy stepping alongside.
+  torch::nn::Sequential ref(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 8, 3)), torch::nn::BatchNorm2d(8));
+  ref->train();
+  for (size_t i = 0; i < net->parameters().size(); ++i) ref->parameters()[i].copy_(net->parameters()[i]);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(tc_test::tensors_close(ref->forward(x), fast(x), kRtol, kAtol));
+  }
+  EXPECT_TRUE(tc_test::tensors_close(ref->named_buffers()["1.running_mean"], net->named_buffers()["1.running_mean"],
+                                     kRtol, kAtol));
+  EXPECT_EQ(r.fused(), std::vector<std::string>{"conv+bias"});
+}
+
+TEST(OneDnnBackend, ConvResidualAddReluFuses) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(10);
+  auto m = std::make_shared<FnModule>();
+  auto c1 = m->register_module("c1", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 16, 3).padding(1)));
+  auto bn = m->register_module("bn", torch::nn::BatchNorm2d(16));
+  auto c2 = m->register_module("c2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 16, 3).padding(1)));
+  m->fn = [c1, bn, c2](FnModule&, torch::Tensor x) {
+    torch::Tensor y = torch::relu(bn->forward(c1->forward(x)));
+    return torch::relu(c2->forward(y) + y);  // residual: both convs' layouts
+  };
+  m->eval();
+  Recorder r;
+  expect_matches_eager(m, [] { return torch::randn({2, 16, 9, 9}); }, r);
+  EXPECT_EQ(r.fused(), (std::vector<std::string>{"conv+bias+bn+relu", "conv+bias+add+relu"}));
+  // And with a plain (graph input) residual.
+  auto m2 = std::make_shared<FnModule>();
+  auto c3 = m2->register_module("c", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 16, 3).padding(1)));
+  m2->fn = [c3](FnModule&, torch::Tensor x) { return torch::relu(x + c3->forward(x)); };
+  Recorder r2;
+  expect_matches_eager(m2, [] { return torch::randn({2, 16, 9, 9}); }, r2);
+  EXPECT_EQ(r2.fused(), std::vector<std::string>{"conv+bias+add+relu"});
+}
+
+TEST(OneDnnBackend, ConsecutiveConvsKeepTheBlockedLayout) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(11);
+  torch::nn::Sequential net(torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)), torch::nn::ReLU(),
+                            torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 32, 3).padding(1)), torch::nn::ReLU(),
+                            torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 16, 1)), torch::nn::Tanh(),
+                            torch::nn::AdaptiveAvgPool2d(1), torch::nn::Flatten());
+  Recorder r;
+  expect_matches_eager(net, [] { return torch::randn({2, 16, 14, 14}); }, r);
+  EXPECT_EQ(r.fused(), (std::vector<std::string>{"conv+bias+relu", "conv+bias+relu", "conv+bias+tanh", "avgpool"}));
+  ASSERT_EQ(r.entries->size(), 1u);
+  EXPECT_EQ(r.entries->at(0).blocked_values, 3u);
+  // A plain tensor is still produced where ATen needs one (here: a conv output read by sum()).
+  auto m = std::make_shared<FnModule>();
+  auto a = m->register_module("a", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)));
+  auto b = m->register_module("b", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 16, 3).padding(1)));
+  m->fn = [a, b](FnModule&, torch::Tensor x) {
+    torch::Tensor y = torch::relu(a->forward(x));
+    return b->forward(y) * y.mean();
+  };
+  Recorder r2;
+  expect_matches_eager(m, [] { return torch::randn({2, 16, 7, 7}); }, r2);
+  EXPECT_EQ(r2.fused(), (std::vector<std::string>{"conv+bias+relu", "conv+bias"}));
+}
+
+TEST(OneDnnBackend, UnmatchedOpsRunThroughATen) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(12);
+  auto m = std::make_shared<FnModule>();
+  auto lin = m->register_module("lin", torch::nn::Linear(16, 16));
+  m->fn = [lin](FnModule&, torch::Tensor x) {
+    torch::Tensor y = lin->forward(torch::sin(x).view({-1, 16}));
+    auto parts = y.chunk(2, 1);
+    return torch::cat({parts[1].cos(), parts[0] * 2}, 1).softmax(-1) + torch::layer_norm(y, {16});
+  };
+  Recorder r;
+  expect_matches_eager(m, [] { return torch::randn({4, 2, 16}); }, r);
+  EXPECT_EQ(r.fused(), std::vector<std::string>{"linear+bias"});
+
+  // Other dtypes and graphs without GEMM/conv run with the interpreter.
+  auto f = [](torch::Tensor a) { return torch::relu(a.cos() * 2); };
+  Recorder r2;
+  auto fast = torch::compile(f, opts(r2));
+  auto x = torch::randn({5, 5});
+  fast(x);
+  EXPECT_TRUE(tc_test::tensors_close(f(x), fast(x)));
+  ASSERT_EQ(r2.entries->size(), 1u);
+  EXPECT_TRUE(r2.entries->at(0).interpreted);
+  torch::nn::Sequential dnet(torch::nn::Linear(8, 8), torch::nn::ReLU());
+  dnet->to(torch::kDouble);
+  Recorder r3;
+  expect_matches_eager(dnet, [] { return torch::randn({3, 8}, torch::kDouble); }, r3);
+  EXPECT_TRUE(r3.fused().empty());
+}
+
+// The optimizer step and in-place copies after compilation: prepacked weights must follow.
+TEST(OneDnnBackend, OptimizerStepUpdatesPrepackedWeights) {
+  torch::manual_seed(13);
+  auto m = std::make_shared<FnModule>();
+  auto conv = m->register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 8, 3).padding(1)));
+  auto bn = m->register_module("bn", torch::nn::BatchNorm2d(8));
+  auto lin = m->register_module("lin", torch::nn::Linear(8, 4));
+  m->fn = [conv, bn, lin](FnModule&, torch::Tensor x) {
+    torch::Tensor y = torch::relu(bn->forward(conv->forward(x)));
+    return lin->forward(y.mean({2, 3}));
+  };
+  m->eval();
+  Recorder r;
+  auto fast = torch::compile(m, opts(r));
+  auto x = torch::randn({2, 3, 8, 8});
+  torch::Tensor before;
+  {
+    torch::NoGradGuard no_grad;
+    fast(x);
+    before = fast(x);
+    EXPECT_TRUE(tc_test::tensors_close(m->forward(x), before, kRtol, kAtol));
+  }
+  EXPECT_EQ(r.fused(), (std::vector<std::string>{"conv+bias+bn+relu", "avgpool", "linear+bias"}));
+  torch::optim::SGD opt(m->parameters(), torch::optim::SGDOptions(0.5));
+  for (int step = 0; step < 2; ++step) {
+    opt.zero_grad();
+    m->forward(x).pow(2).sum().backward();  // eager training step
+    opt.step();
+    torch::NoGradGuard no_grad;
+    torch::Tensor expected = m->forward(x);
+    torch::Tensor actual = fast(x);
+    EXPECT_TRUE(tc_test::tensors_close(expected, actual, kRtol, kAtol)) << "step " << step;
+    EXPECT_FALSE(torch::allclose(before, actual));
+    before = actual;
+  }
+  // An inference call between backward and the optimizer step, then one after the step.
+  opt.zero_grad();
+  m->forward(x).pow(2).sum().backward();
+  {
+    torch::NoGradGuard no_grad;
+    EXPECT_TRUE(tc_test::tensors_close(m->forward(x), fast(x), kRtol, kAtol));
+  }
+  opt.step();
+  {
+    torch::NoGradGuard no_grad;
+    EXPECT_TRUE(tc_test::tensors_close(m->forward(x), fast(x), kRtol, kAtol));
+  }
+  // A load_state_dict-style in-place copy, including BatchNorm's running statistics.
+  torch::NoGradGuard no_grad;
+  conv->weight.copy_(torch::randn_like(conv->weight));
+  bn->running_var.copy_(torch::rand_like(bn->running_var) + 0.5);
+  bn->running_mean.fill_(0.25);
+  lin->weight.mul_(-1);
+  EXPECT_TRUE(tc_test::tensors_close(m->forward(x), fast(x), kRtol, kAtol));
+}
+
+TEST(OneDnnBackend, TrainingGraphsRunWithTheInterpreterAndGradientsMatch) {
+  torch::manual_seed(14);
+  torch::nn::Sequential net(torch::nn::Linear(10, 20), torch::nn::ReLU(), torch::nn::Linear(20, 3));
+  torch::nn::Sequential ref(torch::nn::Linear(10, 20), torch::nn::ReLU(), torch::nn::Linear(20, 3));
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < net->parameters().size(); ++i) ref->parameters()[i].copy_(net->parameters()[i]);
+  }
+  Recorder r;
+  auto fast = torch::compile(net, opts(r));
+  auto x = torch::randn({6, 10});
+  for (int i = 0; i < 2; ++i) {
+    net->zero_grad();
+    ref->zero_grad();
+    fast(x).pow(2).sum().backward();
+    ref->forward(x).pow(2).sum().backward();
+    for (size_t p = 0; p < net->parameters().size(); ++p)
+      EXPECT_TRUE(tc_test::tensors_close(ref->parameters()[p].grad(), net->parameters()[p].grad(), kRtol, kAtol));
+  }
+  ASSERT_FALSE(r.entries->empty());
+  EXPECT_TRUE(r.entries->at(0).interpreted);
+  EXPECT_THAT(r.entries->at(0).reason, ::testing::HasSubstr("grad"));
+}
+
+torch::nn::Sequential m1() {
+  return torch::nn::Sequential(torch::nn::Linear(784, 512), torch::nn::ReLU(), torch::nn::Linear(512, 512),
+                               torch::nn::ReLU(), torch::nn::Linear(512, 10));
+}
+
+torch::nn::Sequential m3() {
+  torch::nn::Sequential net(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 32, 3).padding(1)), torch::nn::BatchNorm2d(32),
+                            torch::nn::ReLU(), torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).padding(1)),
+                            torch::nn::BatchNorm2d(64), torch::nn::ReLU(), torch::nn::AdaptiveAvgPool2d(1),
+                            torch::nn::Flatten(), torch::nn::Linear(64, 10));
+  net->eval();
+  return net;
+}
+
+struct M5 : torch::nn::Module {
+  torch::nn::LayerNorm ln{torch::nn::LayerNormOptions({512})};
+  torch::nn::Linear l1{512, 2048}, l2{2048, 512};
+  M5() {
+    register_module("ln", ln);
+    register_module("l1", l1);
+    register_module("l2", l2);
+  }
+  torch::Tensor forward(torch::Tensor x) { return x + l2(torch::gelu(l1(ln(x)))); }
+};
+
+TEST(OneDnnBackend, ModelM1MatchesEager) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(0);
+  auto net = m1();
+  Recorder r;
+  expect_matches_eager(net, [] { return torch::randn({64, 784}); }, r);
+  EXPECT_EQ(r.fused(), (std::vector<std::string>{"linear+bias+relu", "linear+bias+relu", "linear+bias"}));
+}
+
+TEST(OneDnnBackend, ModelM3MatchesEager) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(0);
+  auto net = m3();
+  Recorder r;
+  expect_matches_eager(net, [] { return torch::randn({16, 3, 64, 64}); }, r, 2);
+  EXPECT_EQ(r.fused(), (std::vector<std::string>{"conv+bias+bn+relu", "conv+bias+bn+relu", "avgpool", "linear+bias"}));
+  EXPECT_EQ(r.entries->at(0).blocked_values, 2u);
+}
+
+TEST(OneDnnBackend, ModelM4MatchesEager) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(0);
+  torch::nn::TransformerEncoderLayer net(
+      torch::nn::TransformerEncoderLayerOptions(256, 4).dim_feedforward(1024).dropout(0.0));
+  net->eval();
+  Recorder r;
+  auto fast = torch::compile(net, torchcompile::CompileOptions(r.backend()));
+  for (int i = 0; i < 3; ++i) {
+    auto x = torch::randn({128, 8, 256});
+    EXPECT_TRUE(tc_test::tensors_close(net->forward(x), fast(x), kRtol, 1e-4));
+  }
+  auto fused = r.fused();
+  EXPECT_EQ(std::count(fused.begin(), fused.end(), "linear+bias+relu"), 1);
+  EXPECT_EQ(std::count(fused.begin(), fused.end(), "linear+bias+add"), 2);
+  EXPECT_EQ(std::count(fused.begin(), fused.end(), "bmm"), 2);
+}
+
+TEST(OneDnnBackend, ModelM5MatchesEager) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(0);
+  auto net = std::make_shared<M5>();
+  Recorder r;
+  expect_matches_eager(net, [] { return torch::randn({8, 64, 512}); }, r, 2, kRtol, 1e-4);
+  EXPECT_EQ(r.fused(), (std::vector<std::string>{"linear+bias+gelu", "linear+bias+add"}));
+}
+
+TEST(OneDnnBackend, FourThreadsAtOnceMatchEager) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(15);
+  auto m = std::make_shared<FnModule>();
+  auto conv = m->register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(4, 16, 3).padding(1)));
+  auto conv2 = m->register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 16, 3).padding(1)));
+  auto lin = m->register_module("lin", torch::nn::Linear(16, 8));
+  m->fn = [conv, conv2, lin](FnModule&, torch::Tensor x) {
+    torch::Tensor y = torch::relu(conv->forward(x));
+    y = torch::relu(conv2->forward(y) + y);
+    return torch::gelu(lin->forward(y.mean({2, 3})));
+  };
+  Recorder r;
+  auto fast = torch::compile(m, opts(r));
+  std::vector<torch::Tensor> inputs, expected;
+  for (int i = 0; i < 8; ++i) {
+    inputs.push_back(torch::randn({3, 4, 10, 10}));
+    expected.push_back(m->forward(inputs.back()));
+  }
+  fast(inputs[0]);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      torch::NoGradGuard ng;
+      for (int i = 0; i < 25; ++i) {
+        size_t k = (t + i) % inputs.size();
+        if (!torch::allclose(expected[k], fast(inputs[k]), kRtol, kAtol)) ++failures;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(r.fused(), (std::vector<std::string>{"conv+bias+relu", "conv+bias+add+relu", "avgpool", "linear+bias+gelu"}));
+}
+
+TEST(OneDnnBackend, ThreadsRepackWhileOthersRun) {
+  // A weight changed between calls while four threads call: every result matches one of the
+  // two weight versions' eager results, and calls after the change all see the new one.
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(16);
+  torch::nn::Linear lin(32, 32);
+  Recorder r;
+  auto fast = torch::compile(lin, opts(r));
+  auto x = torch::randn({16, 32});
+  fast(x);
+  torch::Tensor old_expected = lin->forward(x);
+  std::atomic<int> bad{0};
+  std::atomic<bool> changed{false};
+  torch::Tensor new_expected;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&] {
+      torch::NoGradGuard ng;
+      for (int i = 0; i < 50; ++i) {
+        bool after = changed.load();
+        torch::Tensor y = fast(x);
+        if (after && !torch::allclose(new_expected, y, kRtol, kAtol)) ++bad;
+        if (!after && !torch::allclose(old_expected, y, kRtol, kAtol) &&
+            !(changed.load() && torch::allclose(new_expected, y, kRtol, kAtol)))
+          ++bad;
+      }
+    });
+  {
+    torch::Tensor w = lin->weight.clone().mul_(2);
+    new_expected = torch::nn::functional::linear(x, w, lin->bias);
+    lin->weight.copy_(w);
+    changed.store(true);
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_TRUE(tc_test::tensors_close(new_expected, fast(x), kRtol, kAtol));
+}
+
+}  // namespace
