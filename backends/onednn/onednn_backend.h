@@ -64,6 +64,9 @@ struct Compiled {
   /// Conv outputs kept in oneDNN's blocked layout for the next oneDNN primitive (not reordered
   /// to a plain tensor in between).
   size_t blocked_values = 0;
+  /// Convolutions run with oneDNN's Winograd algorithm (3x3, stride 1; see
+  /// TORCHCOMPILE_ONEDNN_WINOGRAD in the backend's source) rather than the direct one.
+  size_t winograd_convs = 0;
   /// True when the whole graph runs with the interpreter; `reason` says why.
   bool interpreted = false;
   std::string reason;

@@ -23,6 +23,7 @@ struct Recorder {
   struct Entry {
     std::vector<std::string> fused;
     size_t blocked_values = 0;
+    size_t winograd_convs = 0;
     bool interpreted = false;
     std::string reason;
   };
@@ -35,7 +36,7 @@ struct Recorder {
     return [e, m](torchcompile::GraphModule& gm, const std::vector<at::Tensor>& inputs) {
       od::Compiled c = od::compile(gm, inputs);
       std::lock_guard<std::mutex> lock(*m);
-      e->push_back({c.fused, c.blocked_values, c.interpreted, c.reason});
+      e->push_back({c.fused, c.blocked_values, c.winograd_convs, c.interpreted, c.reason});
       return c.fn;
     };
   }
@@ -457,6 +458,25 @@ TEST(OneDnnBackend, ModelM3MatchesEager) {
   expect_matches_eager(net, [] { return torch::randn({16, 3, 64, 64}); }, r, 2);
   EXPECT_EQ(r.fused(), (std::vector<std::string>{"conv+bias+bn+relu", "conv+bias+bn+relu", "avgpool", "linear+bias"}));
   EXPECT_EQ(r.entries->at(0).blocked_values, 2u);
+  EXPECT_EQ(r.entries->at(0).winograd_convs, 1u) << "the 32->64 conv runs with the Winograd algorithm";
+}
+
+TEST(OneDnnBackend, WinogradConvolutionMatchesEagerAndCanBeTurnedOff) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(21);
+  torch::nn::Sequential net(torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)), torch::nn::ReLU(),
+                            torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 16, 3).padding(1)));
+  net->eval();
+  auto input = [] { return torch::randn({2, 16, 20, 20}); };
+  for (const char* setting : {"1", "0"}) {
+    setenv("TORCHCOMPILE_ONEDNN_WINOGRAD", setting, 1);
+    Recorder r;
+    expect_matches_eager(net, input, r);
+    unsetenv("TORCHCOMPILE_ONEDNN_WINOGRAD");
+    EXPECT_EQ(r.fused(), (std::vector<std::string>{"conv+bias+relu", "conv+bias"}));
+    EXPECT_EQ(r.entries->at(0).winograd_convs, setting[0] == '1' ? 2u : 0u) << "TORCHCOMPILE_ONEDNN_WINOGRAD=" << setting;
+    EXPECT_EQ(r.entries->at(0).blocked_values, 1u);
+  }
 }
 
 TEST(OneDnnBackend, ModelM4MatchesEager) {
