@@ -862,6 +862,7 @@ struct MatmulStep : Step {
   bool has_bias = false;
   PlainIn bias;
   std::vector<PlainIn> bins;  // binary-add operands
+  std::vector<int> bin_post_index;  // their positions among the post-ops
   std::vector<int64_t> out_sizes;
   uint32_t out = 0;
   uint32_t m_src, m_wei, m_bias, m_dst, m_scratch;
@@ -890,7 +891,7 @@ struct MatmulStep : Step {
     at::Tensor tmp_bins[2];
     for (size_t i = 0; i < bins.size(); ++i) {
       set_handle(m[m_bins[i]], bins[i].get(c, tmp_bins[i]).data_ptr());
-      args.add(DNNL_ARG_ATTR_MULTIPLE_POST_OP(static_cast<int>(i)) | DNNL_ARG_SRC_1, m[m_bins[i]]);
+      args.add(DNNL_ARG_ATTR_MULTIPLE_POST_OP(bin_post_index[i]) | DNNL_ARG_SRC_1, m[m_bins[i]]);
     }
     at::Tensor y = at::empty(out_sizes, at::TensorOptions().dtype(at::kFloat));
     set_handle(m[m_dst], y.data_ptr());
@@ -1218,6 +1219,7 @@ bool Compiler::emit_linear(Group& g, bool batched) {
       if (g.post[i].is_add) {
         s->bins.push_back(plain_in(g.post[i].other));
         reads.push_back(s->bins.back().slot);
+        s->bin_post_index.push_back(static_cast<int>(i));  // one post-op per chain entry
         s->m_bins.push_back(add_mem(add_mds[ai++]));
       }
     s->m_dst = add_mem(dst_md);

@@ -161,6 +161,18 @@ TEST(OneDnnBackend, LinearResidualAddFuses) {
   EXPECT_EQ(r.fused(), std::vector<std::string>{"linear+bias+add+relu"});
 }
 
+TEST(OneDnnBackend, LinearEltwiseThenResidualAddFuses) {
+  // The residual add is the second post-op: its operand is passed at that post-op's index.
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(5);
+  auto m = std::make_shared<FnModule>();
+  auto lin = m->register_module("lin", torch::nn::Linear(32, 32));
+  m->fn = [lin](FnModule&, torch::Tensor x) { return torch::gelu(lin->forward(x)) + x; };
+  Recorder r;
+  expect_matches_eager(m, [] { return torch::randn({4, 6, 32}); }, r);
+  EXPECT_EQ(r.fused(), std::vector<std::string>{"linear+bias+gelu+add"});
+}
+
 TEST(OneDnnBackend, IntermediateWithAnotherUserIsNotFused) {
   torch::NoGradGuard no_grad;
   torch::manual_seed(4);
