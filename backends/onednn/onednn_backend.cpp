@@ -300,6 +300,21 @@ class Compiler {
   void note_scratchpad(const md_t& md) {
     prog_->buffer_sizes[0] = std::max(prog_->buffer_sizes[0], md.get_size());
   }
+  // A primitive's scratchpad: a memory object over the shared scratch buffer, if it needs one.
+  void add_scratchpad(const md_t& md, bool& has_scratch, uint32_t& mem) {
+    if (!md.get_size()) return;
+    has_scratch = true;
+    mem = add_mem(md);
+    note_scratchpad(md);
+  }
+  // The value a group produces with its first `kept` post-ops fused.
+  static Value kept_output(const Group& g, size_t kept) {
+    Value out = g.base;
+    for (const auto& c : g.chain)
+      if (c.second <= kept) out = c.first->output(0);
+      else break;
+    return out;
+  }
   void push(std::unique_ptr<Step> s, std::vector<uint32_t> reads) {
     reads_.push_back(std::move(reads));
     prog_->steps.push_back(std::move(s));
@@ -1039,11 +1054,7 @@ uint32_t Compiler::plain(const Value& v) {
     s->r.prim = dnnl::reorder(rpd);
     s->r.mem_from = add_mem(l.md);
     s->r.mem_to = add_mem(plain);
-    if (rpd.scratchpad_desc().get_size()) {
-      s->r.has_scratch = true;
-      s->r.mem_scratch = add_mem(rpd.scratchpad_desc());
-      note_scratchpad(rpd.scratchpad_desc());
-    }
+    add_scratchpad(rpd.scratchpad_desc(), s->r.has_scratch, s->r.mem_scratch);
     s->buffer = l.index;
     s->sizes = l.sizes;
     s->out = new_slot();
@@ -1223,16 +1234,9 @@ bool Compiler::emit_linear(Group& g, bool batched) {
         s->m_bins.push_back(add_mem(add_mds[ai++]));
       }
     s->m_dst = add_mem(dst_md);
-    if (pd->scratchpad_desc().get_size()) {
-      s->has_scratch = true;
-      s->m_scratch = add_mem(pd->scratchpad_desc());
-      note_scratchpad(pd->scratchpad_desc());
-    }
+    add_scratchpad(pd->scratchpad_desc(), s->has_scratch, s->m_scratch);
     // The result of the kept part of the chain.
-    Value out = g.base;
-    for (auto& c : g.chain)
-      if (c.second <= kept) out = c.first->output(0);
-      else break;
+    Value out = kept_output(g, kept);
     g.out = out;
     s->out_sizes = meta(out).sizes;
     s->out = new_slot();
@@ -1349,11 +1353,7 @@ bool Compiler::emit_conv(Group& g) {
       r.prim = dnnl::reorder(rpd);
       r.mem_from = add_mem(from);
       r.mem_to = add_mem(to);
-      if (rpd.scratchpad_desc().get_size()) {
-        r.has_scratch = true;
-        r.mem_scratch = add_mem(rpd.scratchpad_desc());
-        note_scratchpad(rpd.scratchpad_desc());
-      }
+      add_scratchpad(rpd.scratchpad_desc(), r.has_scratch, r.mem_scratch);
       return r;
     };
     if (src_blocked) {
@@ -1409,15 +1409,8 @@ bool Compiler::emit_conv(Group& g) {
     s->m_wei = add_mem(pd->weights_desc());
     s->m_bias = add_mem(bias_md);
     s->m_dst = add_mem(pd->dst_desc());
-    if (pd->scratchpad_desc().get_size()) {
-      s->has_scratch = true;
-      s->m_scratch = add_mem(pd->scratchpad_desc());
-      note_scratchpad(pd->scratchpad_desc());
-    }
-    Value out = g.base;
-    for (auto& c : g.chain)
-      if (c.second <= kept) out = c.first->output(0);
-      else break;
+    add_scratchpad(pd->scratchpad_desc(), s->has_scratch, s->m_scratch);
+    Value out = kept_output(g, kept);
     g.out = out;
     const std::vector<int64_t>& out_sizes = meta(out).sizes;
     md_t plain_dst({N, OC, OH, OW}, dt::f32, tag::nchw);
@@ -1496,11 +1489,7 @@ bool Compiler::emit_pool(Group& g) {
   }
   s->m_src = add_mem(src_md);
   s->m_dst = add_mem(pd->dst_desc());
-  if (pd->scratchpad_desc().get_size()) {
-    s->has_scratch = true;
-    s->m_scratch = add_mem(pd->scratchpad_desc());
-    note_scratchpad(pd->scratchpad_desc());
-  }
+  add_scratchpad(pd->scratchpad_desc(), s->has_scratch, s->m_scratch);
   s->out.sizes = meta(g.out).sizes;
   s->out.slot = new_slot();
   if (pd->dst_desc() == plain_dst) {
