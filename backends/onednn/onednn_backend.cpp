@@ -817,15 +817,20 @@ struct AtenStep : Step {
   }
 };
 
+inline void set_handle(const dnnl::memory& m, void* p) {
+  dnnl::error::wrap_c_api(dnnl_memory_set_data_handle(m.get(), p), "could not set a memory handle");
+}
+
 struct ExecArgs {
   dnnl_exec_arg_t a[12];
   int n = 0;
   void add(int arg, const dnnl::memory& m) { a[n++] = {arg, m.get()}; }
+  // Points `m` at `p` and passes it as `arg`.
+  void bind(int arg, const dnnl::memory& m, void* p) {
+    set_handle(m, p);
+    add(arg, m);
+  }
 };
-
-inline void set_handle(const dnnl::memory& m, void* p) {
-  dnnl::error::wrap_c_api(dnnl_memory_set_data_handle(m.get(), p), "could not set a memory handle");
-}
 
 inline void execute(const dnnl::primitive& p, const Ctx& c, const ExecArgs& args) {
   dnnl::error::wrap_c_api(dnnl_primitive_execute(p.get(), c.stream, args.n, args.a), "could not execute a primitive");
@@ -844,8 +849,7 @@ struct Reorder {
     args.add(DNNL_ARG_FROM, m[mem_from]);
     args.add(DNNL_ARG_TO, m[mem_to]);
     if (has_scratch) {
-      set_handle(m[mem_scratch], c.ms->buffer_ptrs[0]);
-      args.add(DNNL_ARG_SCRATCHPAD, m[mem_scratch]);
+      args.bind(DNNL_ARG_SCRATCHPAD, m[mem_scratch], c.ms->buffer_ptrs[0]);
     }
     execute(prim, c, args);
   }
@@ -889,8 +893,7 @@ struct MatmulStep : Step {
     at::Tensor tmp_src, tmp_wei, tmp_bias;
     ExecArgs args;
     const at::Tensor& x = src.get(c, tmp_src);
-    set_handle(m[m_src], x.data_ptr());
-    args.add(DNNL_ARG_SRC, m[m_src]);
+    args.bind(DNNL_ARG_SRC, m[m_src], x.data_ptr());
     std::shared_ptr<const Packed> pk;
     if (packed) {
       pk = packed->get();
@@ -900,20 +903,16 @@ struct MatmulStep : Step {
     }
     args.add(DNNL_ARG_WEIGHTS, m[m_wei]);
     if (has_bias) {
-      set_handle(m[m_bias], bias.get(c, tmp_bias).data_ptr());
-      args.add(DNNL_ARG_BIAS, m[m_bias]);
+      args.bind(DNNL_ARG_BIAS, m[m_bias], bias.get(c, tmp_bias).data_ptr());
     }
     at::Tensor tmp_bins[2];
     for (size_t i = 0; i < bins.size(); ++i) {
-      set_handle(m[m_bins[i]], bins[i].get(c, tmp_bins[i]).data_ptr());
-      args.add(DNNL_ARG_ATTR_MULTIPLE_POST_OP(bin_post_index[i]) | DNNL_ARG_SRC_1, m[m_bins[i]]);
+      args.bind(DNNL_ARG_ATTR_MULTIPLE_POST_OP(bin_post_index[i]) | DNNL_ARG_SRC_1, m[m_bins[i]], bins[i].get(c, tmp_bins[i]).data_ptr());
     }
     at::Tensor y = at::empty(out_sizes, at::TensorOptions().dtype(at::kFloat));
-    set_handle(m[m_dst], y.data_ptr());
-    args.add(DNNL_ARG_DST, m[m_dst]);
+    args.bind(DNNL_ARG_DST, m[m_dst], y.data_ptr());
     if (has_scratch) {
-      set_handle(m[m_scratch], c.ms->buffer_ptrs[0]);
-      args.add(DNNL_ARG_SCRATCHPAD, m[m_scratch]);
+      args.bind(DNNL_ARG_SCRATCHPAD, m[m_scratch], c.ms->buffer_ptrs[0]);
     }
     execute(prim, c, args);
     c.slots[out] = std::move(y);
@@ -976,17 +975,12 @@ struct ConvStep : Step {
       sum_reorder->run(c, r, dst);
     }
     ExecArgs args;
-    set_handle(m[m_src], x);
-    args.add(DNNL_ARG_SRC, m[m_src]);
-    set_handle(m[m_wei], pk->weight.data_ptr());
-    args.add(DNNL_ARG_WEIGHTS, m[m_wei]);
-    set_handle(m[m_bias], pk->bias.data_ptr());
-    args.add(DNNL_ARG_BIAS, m[m_bias]);
-    set_handle(m[m_dst], dst);
-    args.add(DNNL_ARG_DST, m[m_dst]);
+    args.bind(DNNL_ARG_SRC, m[m_src], x);
+    args.bind(DNNL_ARG_WEIGHTS, m[m_wei], pk->weight.data_ptr());
+    args.bind(DNNL_ARG_BIAS, m[m_bias], pk->bias.data_ptr());
+    args.bind(DNNL_ARG_DST, m[m_dst], dst);
     if (has_scratch) {
-      set_handle(m[m_scratch], c.ms->buffer_ptrs[0]);
-      args.add(DNNL_ARG_SCRATCHPAD, m[m_scratch]);
+      args.bind(DNNL_ARG_SCRATCHPAD, m[m_scratch], c.ms->buffer_ptrs[0]);
     }
     execute(prim, c, args);
     if (out.direct) {
@@ -1012,13 +1006,10 @@ struct PoolStep : Step {
     at::Tensor y = at::empty(out.sizes, at::TensorOptions().dtype(at::kFloat));
     void* dst = out.direct ? y.data_ptr() : c.ms->buffer_ptrs[out.buffer];
     ExecArgs args;
-    set_handle(m[m_src], x);
-    args.add(DNNL_ARG_SRC, m[m_src]);
-    set_handle(m[m_dst], dst);
-    args.add(DNNL_ARG_DST, m[m_dst]);
+    args.bind(DNNL_ARG_SRC, m[m_src], x);
+    args.bind(DNNL_ARG_DST, m[m_dst], dst);
     if (has_scratch) {
-      set_handle(m[m_scratch], c.ms->buffer_ptrs[0]);
-      args.add(DNNL_ARG_SCRATCHPAD, m[m_scratch]);
+      args.bind(DNNL_ARG_SCRATCHPAD, m[m_scratch], c.ms->buffer_ptrs[0]);
     }
     execute(prim, c, args);
     if (!out.direct) out.to_plain->run(c, dst, y.data_ptr());
