@@ -62,8 +62,6 @@ struct Partition {
 
 Partition partition_joint(const JointGraph& joint, Partitioner partitioner);
 
-/// Whether a call_function node is a view op (its one return aliases an argument, unwritten).
-bool is_view_op(const ir::Node* n);
 
 /// Whether `gm` can be lifted (no opaque module calls; when `training`, no in-place update of a
 /// non-contiguous view); if not, `why` says why.

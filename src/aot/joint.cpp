@@ -121,7 +121,7 @@ bool liftable(const ir::GraphModule& gm, bool training, std::string* why) {
     for (size_t i = 0; i < schema_args.size(); ++i) {
       const auto* alias = schema_args[i].alias_info();
       if (alias == nullptr || !alias->isWrite() || !n->args()[i].is_value()) continue;
-      for (ir::Value v = n->args()[i].value(); is_view_op(v.node);) {
+      for (ir::Value v = n->args()[i].value(); ir::is_view_node(v.node);) {
         if (!kWholeViews.count(v.node->schema().name()) || !is_contiguous(v.node->output_meta().at(v.index))) {
           if (why)
             *why = "the forward updates a view in place (" + n->target() + " on '" + v.node->name() +
@@ -239,7 +239,13 @@ JointGraph build_joint(const ir::GraphModule& gm, const std::vector<at::Tensor>&
   {
     capture::Tracer::Activation active(tracer);
     at::AutoGradMode grad_mode(want_grads);
-    std::vector<at::Tensor> outs = ir::Interpreter(lifted_gm).run(std::move(graph_inputs));
+    std::vector<at::Tensor> outs;
+    {
+      // Functionalization is on for every op, as Python's AOT enables it: a tensor made by a
+      // factory op (`zeros`, then `add_`) is a functional tensor too.
+      c10::impl::IncludeDispatchKeyGuard functionalize(c10::DispatchKey::Functionalize);
+      outs = ir::Interpreter(lifted_gm).run(std::move(graph_inputs));
+    }
 
     // Outputs that are views of a primal are rebuilt as views on each call, not computed.
     std::vector<at::Tensor> differentiable, tangents;

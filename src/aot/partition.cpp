@@ -44,7 +44,7 @@ int64_t bytes_of(const ir::TensorMeta& m) {
 
 // Ops cheap enough to recompute in the backward instead of saving their results.
 bool recomputable(const Node* n) {
-  if (is_view_op(n)) return true;
+  if (ir::is_view_node(n)) return true;
   if (ir::op_is_random(n->op()) || ir::op_is_mutating(n->op())) return false;
   static const std::unordered_set<std::string> kCheap = {
       "aten::relu",       "aten::gelu",       "aten::sigmoid",     "aten::tanh",        "aten::silu",
@@ -64,7 +64,7 @@ bool recomputable(const Node* n) {
 
 // What owns the memory of `v`: its producer, or, through views, the value they view.
 const Node* memory_owner(Value v) {
-  while (is_view_op(v.node)) {
+  while (ir::is_view_node(v.node)) {
     auto ins = input_values(v.node);
     if (ins.empty()) break;
     v = ins.front();
@@ -79,13 +79,15 @@ std::string value_name(const Value& v) {
 // A new GraphModule computing `outputs` from `inputs` (which become its placeholders, in order)
 // with the joint graph's nodes; names are kept, attributes copied.
 std::unique_ptr<ir::GraphModule> extract(const ir::GraphModule& joint, const std::vector<Value>& inputs,
-                                         const std::vector<Value>& outputs, const char* what) {
+                                         const std::vector<Value>& outputs, const char* what,
+                                         const std::vector<Value>& also_run = {}) {
   auto gm = std::make_unique<ir::GraphModule>();
   ir::Graph& g = gm->graph();
   std::unordered_map<Value, Value, ir::ValueHash> env;
   for (const Value& v : inputs) env.emplace(v, g.placeholder(value_name(v), v.node->output_meta().at(v.index)));
   std::unordered_set<const Node*> needed;
   std::vector<Value> todo(outputs.begin(), outputs.end());
+  todo.insert(todo.end(), also_run.begin(), also_run.end());
   while (!todo.empty()) {
     Value v = todo.back();
     todo.pop_back();
@@ -259,11 +261,6 @@ size_t count_ops(const ir::GraphModule& gm) {
 
 }  // namespace
 
-bool is_view_op(const ir::Node* n) {
-  if (n->kind() != ir::NodeKind::CallFunction) return false;
-  const auto& returns = n->schema().returns();
-  return returns.size() == 1 && returns[0].alias_info() != nullptr && !returns[0].alias_info()->isWrite();
-}
 
 Partition partition_joint(const JointGraph& j, Partitioner partitioner) {
   const ir::GraphModule& jgm = *j.gm;
@@ -277,14 +274,6 @@ Partition partition_joint(const JointGraph& j, Partitioner partitioner) {
   std::vector<Value> primals, tangents;
   for (Node* p : g.placeholders()) (primals.size() < j.primals.size() ? primals : tangents).push_back(p->output(0));
 
-  Partition part;
-  part.report.partitioner = partitioner;
-  if (!j.training) {
-    part.forward = extract(jgm, primals, fw_outputs, "forward");
-    part.report.forward_nodes = count_ops(*part.forward);
-    return part;
-  }
-
   std::unordered_set<const Node*> tangent_dependent;
   for (const Value& t : tangents) tangent_dependent.insert(t.node);
   for (const auto& owned : g.nodes()) {
@@ -296,7 +285,25 @@ Partition partition_joint(const JointGraph& j, Partitioner partitioner) {
       }
     }
   }
-  const auto required_fw = ancestors(fw_outputs, [](const Node*) { return false; });
+  // Random ops of the forward run even when nothing reads their result: each call must draw
+  // from the generator as eager does.
+  std::vector<Value> random_draws;
+  for (const auto& owned : g.nodes())
+    if (owned->kind() == ir::NodeKind::CallFunction && ir::op_is_random(owned->op()) &&
+        !tangent_dependent.count(owned.get()))
+      random_draws.push_back(owned->output(0));
+
+  Partition part;
+  part.report.partitioner = partitioner;
+  if (!j.training) {
+    part.forward = extract(jgm, primals, fw_outputs, "forward", random_draws);
+    part.report.forward_nodes = count_ops(*part.forward);
+    return part;
+  }
+
+  std::vector<Value> fw_roots = fw_outputs;
+  fw_roots.insert(fw_roots.end(), random_draws.begin(), random_draws.end());
+  const auto required_fw = ancestors(fw_roots, [](const Node*) { return false; });
   auto available_in_forward = [&](const Node* n) {
     return n->kind() == ir::NodeKind::GetAttr || n->kind() == ir::NodeKind::Placeholder
                ? !tangent_dependent.count(n)
@@ -331,7 +338,7 @@ Partition partition_joint(const JointGraph& j, Partitioner partitioner) {
 
   std::vector<Value> forward_outputs = fw_outputs;
   forward_outputs.insert(forward_outputs.end(), saved.begin(), saved.end());
-  part.forward = extract(jgm, primals, forward_outputs, "forward");
+  part.forward = extract(jgm, primals, forward_outputs, "forward", random_draws);
   std::vector<Value> backward_inputs = saved;
   backward_inputs.insert(backward_inputs.end(), tangents.begin(), tangents.end());
   part.backward = extract(jgm, backward_inputs, grad_outputs, "backward");

@@ -3,6 +3,7 @@
 #include <torchcompile/ir/passes.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/core/stack.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -53,8 +54,6 @@ bool returns_only_tensors(const c10::FunctionSchema& schema) {
   return true;
 }
 
-bool same_op(const c10::OperatorHandle& a, const c10::OperatorHandle& b) { return &a.schema() == &b.schema(); }
-
 void redispatch_below_tracer(c10::DispatchKey key, const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                              torch::jit::Stack* stack) {
   c10::impl::ExcludeDispatchKeyGuard no_tracing(key);
@@ -103,13 +102,10 @@ std::string key_repr(const std::vector<c10::IValue>& key) {
 // ---- the recording state ---------------------------------------------------------------------
 
 struct Tracer::Impl {
-  enum class Mode { Record, Replay, Off };
-
   Tracer* owner = nullptr;
   c10::DispatchKey key = compat::kTracingKey;
   bool fullgraph = false;
   OpInterceptor interceptor;
-  Mode mode = Mode::Record;
 
   // The call's environment: slot tensors, their names, and which slot a tensor is.
   std::vector<at::Tensor> slots;
@@ -122,8 +118,7 @@ struct Tracer::Impl {
   std::vector<uint32_t> segment_inputs;
   std::unordered_map<uint32_t, ir::Value> placeholder_of_slot;
   std::unordered_map<const c10::TensorImpl*, ir::Value> values;  // values produced or read in it
-  std::vector<LoggedOp> log;
-  std::unordered_map<const ir::Node*, size_t> log_index;
+  std::unordered_map<const ir::Node*, size_t> op_order;  // call order of the segment's ops
   std::vector<SegmentRecord> done;
   size_t num_constants = 0;
 
@@ -145,13 +140,136 @@ struct Tracer::Impl {
   // makes a new StorageImpl over the same bytes.
   std::vector<std::pair<uintptr_t, uintptr_t>> tracked_memory;
 
-  // Replay state. Stand-ins for values that died inside a replayed segment must never reach a
-  // recorded op (they hold no data); weak references keep their addresses unique.
-  ReplayPath path;
-  std::unordered_set<const c10::TensorImpl*> stand_ins;
-  std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> stand_in_refs;
-  size_t replay_segment = 0;
-  size_t replay_index = 0;
+  // Storages of the tensors recorded ops produced. A tensor no recorded op produced that shares
+  // one of them was made outside the dispatcher (`.data()`, a factory function's shallow copy,
+  // from_blob): baking it in as a constant would freeze the tracing call's values. Weak
+  // references keep the StorageImpl addresses unique for the trace.
+  std::unordered_set<const c10::StorageImpl*> result_storages;
+  // Where each result of this segment lives (its storage and offset), for shallow copies.
+  std::unordered_map<const c10::TensorImpl*, std::pair<const c10::StorageImpl*, int64_t>> result_geometry;
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> result_storage_refs;
+
+  bool derived_from_result(const at::Tensor& t) const {
+    if (!t.has_storage()) return false;
+    if (result_storages.count(t.storage().unsafeGetStorageImpl()) != 0) return true;
+    // from_blob over a result's bytes makes a new StorageImpl: compare addresses of live results.
+    if (t.storage().data() == nullptr) return false;
+    const auto begin = reinterpret_cast<uintptr_t>(t.storage().data()), end = begin + t.storage().nbytes();
+    for (const auto& [weak, impl] : weak_values) {
+      auto strong = weak.lock();
+      if (!strong || !strong->has_storage() || strong->storage().data() == nullptr) continue;
+      const auto b = reinterpret_cast<uintptr_t>(strong->storage().data()), e = b + strong->storage().nbytes();
+      if (begin < e && b < end) return true;
+    }
+    return false;
+  }
+
+  // Results of factory ops (no tensor arguments) not yet used by a recorded op, with their bytes
+  // as made (an `empty` result is first filled with a marker). Host code may fill such a tensor
+  // outside the dispatcher (`at::tensor(std::vector)`, an accessor loop after `torch::empty`);
+  // replaying the factory op would then lose the values. At the first use the bytes are
+  // compared: if they changed, the value becomes a per-call copy of a graph constant.
+  struct FreshFactory {
+    c10::weak_intrusive_ptr<c10::TensorImpl> tensor;  // weak: a strong reference would make
+                                                       // torch:: factories copy the TensorImpl
+    c10::Storage storage;
+    std::vector<uint8_t> bytes;
+  };
+  std::unordered_map<const c10::StorageImpl*, FreshFactory> fresh_factories;
+
+  static bool is_uninitialized_factory(const c10::OperatorHandle& op) {
+    static const std::unordered_set<std::string> names = {"aten::empty", "aten::empty_strided", "aten::new_empty",
+                                                          "aten::new_empty_strided", "aten::empty_permuted"};
+    return names.count(op.schema().name()) != 0;
+  }
+
+  void note_factory(const c10::OperatorHandle& op, const std::vector<at::Tensor>& produced) {
+    for (const at::Tensor& t : produced) {
+      if (!t.defined() || !t.has_storage() || t.storage().data() == nullptr || !t.device().is_cpu()) continue;
+      auto* data = static_cast<uint8_t*>(t.storage().data());
+      const size_t n = t.storage().nbytes();
+      if (is_uninitialized_factory(op)) std::memset(data, 0x7f, n);
+      fresh_factories.insert_or_assign(
+          t.storage().unsafeGetStorageImpl(),
+          FreshFactory{c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()), t.storage(),
+                       std::vector<uint8_t>(data, data + n)});
+    }
+  }
+
+  // The first use of a factory result (`t` is over its storage): if host code wrote to it since
+  // the op made it, read its contents from a constant, copied on every call since the graph may
+  // update it in place.
+  void check_factory(const at::Tensor& t) {
+    if (!t.has_storage()) return;
+    auto it = fresh_factories.find(t.storage().unsafeGetStorageImpl());
+    if (it == fresh_factories.end()) return;
+    FreshFactory f = std::move(it->second);
+    fresh_factories.erase(it);
+    if (f.storage.nbytes() == f.bytes.size() && std::memcmp(f.storage.data(), f.bytes.data(), f.bytes.size()) == 0)
+      return;
+    auto strong = f.tensor.lock();
+    if (!strong) return;  // only reachable through tensors no op made: value_for refuses those
+    at::Tensor made(std::move(strong));
+    auto v = values.find(made.unsafeGetTensorImpl());
+    if (v == values.end()) return;
+    const ir::Value old = v->second;
+    at::Tensor contents;
+    {
+      c10::impl::ExcludeDispatchKeyGuard no_tracing(key);
+      at::NoGradGuard no_grad;
+      contents = made.detach().clone(at::MemoryFormat::Preserve);
+    }
+    ir::Graph& g = gm->graph();
+    std::string name = "_tensor_constant" + std::to_string(num_constants++);
+    ir::Value c = g.get_attr(name, ir::TensorMeta::of(contents));
+    gm->set_attribute(name, contents, ir::AttributeKind::Constant);
+    static const c10::OperatorHandle clone = ir::find_op("aten::clone");
+    ir::Node* copy =
+        g.call_function(clone, {ir::Argument(c), ir::Argument(c10::IValue())}, {ir::TensorMeta::of(made)}, {1});
+    if (!module_stack.empty()) copy->set_module_path(module_stack.back());
+    op_order.emplace(copy, op_order.size());
+    for (auto& [impl, value] : values)
+      if (value == old) value = copy->output(0);
+  }
+
+  // A tensor no recorded op produced over the memory of a recorded result, with the same
+  // geometry: a shallow copy made outside the dispatcher (`torch::` factories and
+  // make_variable copy the TensorImpl when its result is still referenced). It is that value.
+  std::optional<ir::Value> shallow_copy_of(const at::Tensor& t) {
+    std::optional<ir::Value> best;
+    for (const auto& [impl, v] : values) {
+      auto g = result_geometry.find(impl);
+      if (g == result_geometry.end() || g->second.first != t.storage().unsafeGetStorageImpl() ||
+          g->second.second != t.storage_offset())
+        continue;
+      const ir::TensorMeta& m = v.node->output_meta().at(v.index);
+      if (m.dtype != t.scalar_type() || m.sizes != t.sizes().vec() || m.strides != t.strides().vec()) continue;
+      if (!best || op_order.at(v.node) > op_order.at(best->node)) best = v;  // the newest alias
+    }
+    return best;
+  }
+
+  void check_factories_in(const torch::jit::Stack& stack, size_t num_args) {
+    for (size_t i = stack.size() - num_args; i < stack.size(); ++i) {
+      if (stack[i].isTensor()) {
+        check_factory(stack[i].toTensor());
+      } else if (stack[i].isList()) {
+        for (const c10::IValue& e : stack[i].toListRef())
+          if (e.isTensor()) check_factory(e.toTensor());
+      }
+    }
+  }
+
+  void check_all_factories() {
+    while (!fresh_factories.empty()) {
+      auto strong = fresh_factories.begin()->second.tensor.lock();
+      if (!strong) {
+        fresh_factories.erase(fresh_factories.begin());
+        continue;
+      }
+      check_factory(at::Tensor(std::move(strong)));
+    }
+  }
 
   // Module paths of the enclosing torchcompile::call boundaries, innermost last.
   std::vector<std::string> module_stack;
@@ -180,7 +298,7 @@ struct Tracer::Impl {
     auto s = static_cast<uint32_t>(slots.size());
     slots.push_back(t);
     slot_names.push_back(std::move(name));
-    // The latest slot wins, in recording and in replay alike, so both bind the same slots.
+    // The latest slot wins: a tensor passed through several segments is read from its newest slot.
     slot_of[t.unsafeGetTensorImpl()] = s;
     return s;
   }
@@ -196,6 +314,7 @@ struct Tracer::Impl {
   // The graph value for a tensor the forward passed to an op.
   std::optional<ir::Value> value_for(const at::Tensor& t) {
     const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    if (!fresh_factories.empty()) check_factory(t);
     if (auto it = values.find(impl); it != values.end()) return it->second;
     ir::Graph& g = gm->graph();
     if (auto it = slot_of.find(impl); it != slot_of.end()) {
@@ -213,11 +332,13 @@ struct Tracer::Impl {
       track(t, v);
       return v;
     }
-    if (stand_ins.count(impl)) {
-      owner->fail("the forward used a tensor computed before a graph break that it did not hold at the break", "");
-      return std::nullopt;
+    if (derived_from_result(t)) {
+      if (auto v = shallow_copy_of(t)) {
+        track(t, *v);
+        return v;
+      }
     }
-    if (shares_tracked_memory(t)) {
+    if (shares_tracked_memory(t) || derived_from_result(t)) {
       owner->fail("a tensor sharing memory with an input or parameter reached an operator without "
                   "being produced by one (.data(), from_blob or set_ outside the dispatcher)",
                   "");
@@ -287,25 +408,54 @@ struct Tracer::Impl {
     for (size_t i = 0; i < args.size(); ++i)
       if (!to_argument(args[i], schema.arguments()[i], ir_args[i])) return;
 
-    LoggedOp entry;
-    entry.op = op;
-    std::vector<at::Tensor> produced = flatten_returns(returns, schema.returns().size(), entry.return_counts);
+    std::vector<uint32_t> return_counts;
+    std::vector<at::Tensor> produced = flatten_returns(returns, schema.returns().size(), return_counts);
     std::vector<ir::TensorMeta> metas;
-    for (const at::Tensor& t : produced) {
-      LoggedOutput lo;
-      lo.meta = ir::TensorMeta::of(t);
-      for (size_t a = 0; t.defined() && a < args.size(); ++a)
-        if (args[a].isTensor() && args[a].toTensor().unsafeGetTensorImpl() == t.unsafeGetTensorImpl())
-          lo.alias_arg = static_cast<int32_t>(a);
-      metas.push_back(lo.meta);
-      entry.outputs.push_back(std::move(lo));
-    }
-    ir::Node* node = gm->graph().call_function(op, std::move(ir_args), std::move(metas), entry.return_counts);
+    for (const at::Tensor& t : produced) metas.push_back(ir::TensorMeta::of(t));
+    ir::Node* node = gm->graph().call_function(op, std::move(ir_args), std::move(metas), return_counts);
     if (!module_stack.empty()) node->set_module_path(module_stack.back());
-    log_index[node] = log.size();
-    log.push_back(std::move(entry));
-    for (size_t i = 0; i < produced.size(); ++i)
-      if (produced[i].defined()) track(produced[i], node->output(i));
+    add_results(node, produced);
+    // An op that returns an argument without its schema saying so (eval-mode dropout returns
+    // its input): the result is that argument's value, so writes through it are writes to it.
+    for (size_t i = 0, r = 0, k = 0; i < produced.size(); ++i) {
+      while (r < return_counts.size() && k == return_counts[r]) ++r, k = 0;
+      ++k;
+      if (!produced[i].defined() || (r < schema.returns().size() && schema.returns()[r].alias_info() != nullptr))
+        continue;
+      for (size_t a = 0; a < args.size(); ++a) {
+        if (!args[a].isTensor() || !args[a].toTensor().defined() || !node->args()[a].is_value()) continue;
+        const at::Tensor& arg = args[a].toTensor();
+        if (arg.unsafeGetTensorImpl() == produced[i].unsafeGetTensorImpl()) {
+          values[arg.unsafeGetTensorImpl()] = node->args()[a].value();
+        } else if (key == compat::kTracingKey && arg.has_storage() && produced[i].has_storage() &&
+                   arg.storage().is_alias_of(produced[i].storage()) && arg.storage().nbytes() > 0) {
+          // (The level-1 graph only: its writes are what a call must be able to undo. Below
+          // autograd, `unsafe_split` and friends do this by design.)
+          owner->fail(ir::op_target_name(op) + " returned memory of its argument without declaring it in its schema",
+                      ir::op_target_name(op));
+          return;
+        }
+      }
+    }
+    bool factory = true;
+    for (size_t i = 0; i < args.size(); ++i)
+      factory = factory && !(ir::is_tensor_like_type(schema.arguments()[i].type()) && !args[i].isNone());
+    if (factory) note_factory(op, produced);
+  }
+
+  // Track the tensors a recorded op or module call produced as its node's outputs.
+  void add_results(ir::Node* node, const std::vector<at::Tensor>& produced) {
+    op_order.emplace(node, op_order.size());
+    for (size_t i = 0; i < produced.size(); ++i) {
+      if (!produced[i].defined()) continue;
+      track(produced[i], node->output(i));
+      if (produced[i].has_storage()) {
+        const c10::StorageImpl* st = produced[i].storage().unsafeGetStorageImpl();
+        result_geometry[produced[i].unsafeGetTensorImpl()] = {st, produced[i].storage_offset()};
+        if (result_storages.insert(st).second)
+          result_storage_refs.emplace_back(produced[i].storage().getWeakStorageImpl());
+      }
+    }
   }
 
   // End the segment with `outputs` (record mode). Extra outputs are the values the forward
@@ -315,6 +465,7 @@ struct Tracer::Impl {
                                       bool is_last) {
     SegmentRecord rec;
     std::vector<uint32_t> forced_slots;
+    check_all_factories();
     if (!is_last) {
       // Live values produced here, in program order.
       struct Live {
@@ -333,7 +484,7 @@ struct Tracer::Impl {
         auto strong = weak.lock();
         if (!strong) continue;
         const ir::Value& v = it->second;
-        live.push_back({log_index.at(v.node) * 1024 + v.index, v, at::Tensor(std::move(strong))});
+        live.push_back({op_order.at(v.node) * 1024 + v.index, v, at::Tensor(std::move(strong))});
       }
       std::sort(live.begin(), live.end(), [](const Live& a, const Live& b) { return a.order < b.order; });
       std::unordered_map<ir::Value, uint32_t, ir::ValueHash> slot_of_value;
@@ -343,7 +494,6 @@ struct Tracer::Impl {
         outputs.push_back(v);
         rec.output_slots.push_back(s);
         rec.output_names.push_back(v.node->name());
-        log[log_index.at(v.node)].outputs[v.index].slot = static_cast<int32_t>(s);
       };
       for (const Live& l : live)
         if (!slot_of_value.count(l.value)) give_slot(l.value, l.tensor);
@@ -382,15 +532,14 @@ struct Tracer::Impl {
 
     rec.gm = std::move(gm);
     rec.input_slots = std::move(segment_inputs);
-    rec.log = std::move(log);
     done.push_back(std::move(rec));
 
     gm = std::make_unique<ir::GraphModule>();
     segment_inputs.clear();
     placeholder_of_slot.clear();
     values.clear();
-    log.clear();
-    log_index.clear();
+    op_order.clear();
+    result_geometry.clear();
     num_constants = 0;
     return forced_slots;
   }
@@ -438,87 +587,6 @@ struct Tracer::Impl {
     done.back().branch = std::move(branch);
   }
 
-  // The outputs of a logged op or module call, without running it: from the slots, the
-  // aliased argument, or stand-ins for values that died inside their segment.
-  std::vector<at::Tensor> answer(const LoggedOp& logged, const std::function<at::Tensor(size_t)>& arg) {
-    c10::impl::ExcludeDispatchKeyGuard no_tracing(key);
-    std::vector<at::Tensor> outs;
-    for (const LoggedOutput& lo : logged.outputs) {
-      if (lo.slot >= 0) {
-        outs.push_back(slots.at(lo.slot));
-      } else if (lo.alias_arg >= 0) {
-        outs.push_back(arg(static_cast<size_t>(lo.alias_arg)));
-      } else if (!lo.meta.defined) {
-        outs.emplace_back();
-      } else {
-        // Only metadata can still be asked of a dead value.
-        outs.push_back(at::empty_strided(lo.meta.sizes, lo.meta.strides,
-                                         at::TensorOptions().dtype(lo.meta.dtype).device(lo.meta.device)));
-        stand_ins.insert(outs.back().unsafeGetTensorImpl());
-        stand_in_refs.emplace_back(outs.back().getIntrusivePtr());
-      }
-    }
-    return outs;
-  }
-
-  // The next logged entry of the replayed segment, which must be `what`.
-  const LoggedOp& next_logged(const std::function<bool(const LoggedOp&)>& matches, const std::string& what) {
-    const std::vector<LoggedOp>& seg = *path.logs.at(replay_segment);
-    TORCH_CHECK(replay_index < seg.size() && matches(seg[replay_index]),
-                "torch::compile: while re-running the forward to trace a new branch, it called ", what,
-                " where the trace recorded ",
-                replay_index < seg.size() ? seg[replay_index].describe() : std::string("the end of a segment"),
-                ". A compiled forward must make the same tensor calls for the same guards and branch values "
-                "(does it depend on host state?)");
-    return seg[replay_index++];
-  }
-
-  // Answer an op of an already executed segment without running it again.
-  void replay_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    const auto& schema = op.schema();
-    const LoggedOp& logged = next_logged([&](const LoggedOp& l) { return l.op && same_op(*l.op, op); },
-                                         ir::op_target_name(op));
-    const size_t num_args = schema.arguments().size();
-    std::vector<c10::IValue> args(stack->end() - num_args, stack->end());
-    torch::jit::drop(*stack, num_args);
-    std::vector<at::Tensor> outs = answer(logged, [&](size_t a) { return args.at(a).toTensor(); });
-    size_t o = 0;
-    for (size_t r = 0; r < logged.return_counts.size(); ++r) {
-      if (schema.returns()[r].type()->kind() == c10::TypeKind::ListType) {
-        c10::List<at::Tensor> list;
-        for (uint32_t k = 0; k < logged.return_counts[r]; ++k) list.push_back(outs[o++]);
-        stack->emplace_back(std::move(list));
-      } else {
-        at::Tensor t = outs[o++];
-        if (t.defined()) {
-          stack->emplace_back(std::move(t));
-        } else {
-          stack->emplace_back();
-        }
-      }
-    }
-  }
-
-  // The host read ending a replayed segment: answer with the known (or this call's) value.
-  void replay_branch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    const std::string name = ir::op_target_name(op);
-    const BranchRecord* b = replay_segment < path.branches.size() ? path.branches[replay_segment] : nullptr;
-    TORCH_CHECK(replay_index == path.logs.at(replay_segment)->size() && b && same_op(b->op, op),
-                "torch::compile: while re-running the forward to trace a new branch, it read ", name,
-                " at a point where the trace did not; a compiled forward must make the same calls for the same "
-                "guards and branch values");
-    torch::jit::drop(*stack, op.schema().arguments().size());
-    for (const auto& k : path.keys.at(replay_segment)) stack->push_back(k);
-    ++replay_segment;
-    replay_index = 0;
-    if (replay_segment < path.keys.size()) return;
-    if (path.record_after) {
-      mode = Mode::Record;
-      return;
-    }
-    mode = Mode::Off;
-    c10::impl::tls_set_dispatch_key_included(key, false);
-  }
 };
 
 // ---- dispatcher hook --------------------------------------------------------------------------
@@ -529,7 +597,7 @@ template <TraceLevel Level>
 void tracing_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   Tracer* tracer = Tracer::current(Level);
   const c10::DispatchKey key = key_of(Level);
-  if (tracer == nullptr || tracer->failed() || tracer->impl().mode == Tracer::Impl::Mode::Off ||
+  if (tracer == nullptr || tracer->failed() ||
       (Level == TraceLevel::BelowAutograd && has_meta_tensor(*stack, op.schema().arguments().size()))) {
     redispatch_below_tracer(key, op, ks, stack);
     return;
@@ -541,14 +609,8 @@ void tracing_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     redispatch_below_tracer(key, op, ks, stack);
     return;
   }
-  if (impl.mode == Tracer::Impl::Mode::Replay) {
-    if (host_value) {
-      impl.replay_branch(op, stack);
-    } else {
-      impl.replay_op(op, stack);
-    }
-    return;
-  }
+  // Before the op can write to it: was a factory result filled by host code?
+  if (!impl.fresh_factories.empty()) impl.check_factories_in(*stack, schema.arguments().size());
   if (host_value) {
     impl.host_read(op, ks, stack);
     return;
@@ -619,24 +681,6 @@ void Tracer::add_attribute(const std::string& qualified_name, const at::Tensor& 
   impl_->track_memory(t);
 }
 
-void Tracer::set_replay(ReplayPath path, std::vector<at::Tensor> env, const std::vector<std::string>& env_names) {
-  Impl& im = *impl_;
-  TORCH_INTERNAL_ASSERT(env.size() >= im.num_inputs, "set_replay: the environment lacks the inputs");
-  TORCH_INTERNAL_ASSERT(!path.keys.empty() && path.logs.size() == path.keys.size(), "set_replay: bad path");
-  // The first segment's placeholders were made by add_input; replay makes no graph of its own.
-  im.gm = std::make_unique<ir::GraphModule>();
-  im.segment_inputs.clear();
-  im.placeholder_of_slot.clear();
-  im.values.clear();
-  for (size_t s = im.num_inputs; s < env.size(); ++s) {
-    im.slots.push_back(env[s]);
-    im.slot_names.push_back(s < env_names.size() ? env_names[s] : "slot" + std::to_string(s));
-    if (env[s].defined()) im.slot_of[env[s].unsafeGetTensorImpl()] = static_cast<uint32_t>(s);
-  }
-  im.path = std::move(path);
-  im.mode = Impl::Mode::Replay;
-}
-
 void Tracer::fail(std::string reason, std::string op) {
   if (failure_) return;
   failure_ = std::make_unique<TraceFailure>(TraceFailure{std::move(reason), std::move(op)});
@@ -661,13 +705,7 @@ Tracer::Activation::~Activation() {
   c10::impl::tls_set_dispatch_key_included(key_of(level_), previous_included_);
 }
 
-std::string LoggedOp::describe() const {
-  return op ? ir::op_target_name(*op) : "module call '" + module_call + "'";
-}
-
-bool Tracer::following() const { return !failed() && impl_->mode != Impl::Mode::Off; }
-
-bool Tracer::replaying() const { return !failed() && impl_->mode == Impl::Mode::Replay; }
+bool Tracer::following() const { return !failed(); }
 
 void Tracer::push_module_path(std::string path) { impl_->module_stack.push_back(std::move(path)); }
 
@@ -676,11 +714,15 @@ void Tracer::pop_module_path() {
   impl_->module_stack.pop_back();
 }
 
+void Tracer::before_module_call(const std::vector<at::Tensor>& inputs) {
+  if (failed()) return;
+  for (const at::Tensor& t : inputs)
+    if (t.defined()) impl_->check_factory(t);
+}
+
 void Tracer::record_module_call(const std::string& path, const std::vector<at::Tensor>& inputs,
-                                const std::vector<at::Tensor>& outputs, ir::ModuleFn fn,
-                                std::vector<size_t> list_sizes) {
+                                const std::vector<at::Tensor>& outputs, ir::ModuleFn fn) {
   Impl& im = *impl_;
-  TORCH_INTERNAL_ASSERT(im.mode == Impl::Mode::Record, "Tracer::record_module_call outside recording");
   if (failed()) return;
   std::vector<ir::Argument> args;
   for (const at::Tensor& t : inputs) {
@@ -692,39 +734,15 @@ void Tracer::record_module_call(const std::string& path, const std::vector<at::T
     if (!v) return;
     args.emplace_back(*v);
   }
-  LoggedOp entry;
-  entry.module_call = path;
-  entry.list_sizes = std::move(list_sizes);
   std::vector<ir::TensorMeta> metas;
-  for (const at::Tensor& t : outputs) {
-    LoggedOutput lo;
-    lo.meta = ir::TensorMeta::of(t);
-    for (size_t a = 0; t.defined() && a < inputs.size(); ++a)
-      if (inputs[a].unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) lo.alias_arg = static_cast<int32_t>(a);
-    metas.push_back(lo.meta);
-    entry.outputs.push_back(std::move(lo));
-    entry.return_counts.push_back(1);
-  }
+  for (const at::Tensor& t : outputs) metas.push_back(ir::TensorMeta::of(t));
   // The same module called twice may differ in its scalar arguments: one target per call.
   std::string target = path;
   for (int k = 1; im.gm->has_submodule(target); ++k) target = path + "_" + std::to_string(k);
   ir::Node* node = im.gm->graph().call_module(target, std::move(args), std::move(metas));
   node->set_module_path(path);
   im.gm->set_submodule(target, std::move(fn));
-  im.log_index[node] = im.log.size();
-  im.log.push_back(std::move(entry));
-  for (size_t i = 0; i < outputs.size(); ++i)
-    if (outputs[i].defined()) im.track(outputs[i], node->output(i));
-}
-
-std::vector<at::Tensor> Tracer::replay_module_call(const std::string& path, const std::vector<at::Tensor>& inputs,
-                                                   std::vector<size_t>& list_sizes) {
-  Impl& im = *impl_;
-  TORCH_INTERNAL_ASSERT(im.mode == Impl::Mode::Replay, "Tracer::replay_module_call outside replay");
-  const LoggedOp& logged = im.next_logged([&](const LoggedOp& l) { return !l.op && l.module_call == path; },
-                                          "module '" + path + "'");
-  list_sizes = logged.list_sizes;
-  return im.answer(logged, [&](size_t a) { return inputs.at(a); });
+  im.add_results(node, outputs);
 }
 
 std::vector<SegmentRecord> Tracer::finish_segments(const std::vector<at::Tensor>& outputs) {
@@ -732,7 +750,6 @@ std::vector<SegmentRecord> Tracer::finish_segments(const std::vector<at::Tensor>
   TORCH_INTERNAL_ASSERT(tls_current_tracer[static_cast<int>(level_)] != this,
                         "Tracer::finish called while the tracer is active");
   Impl& im = *impl_;
-  TORCH_INTERNAL_ASSERT(im.mode == Impl::Mode::Record, "Tracer::finish: the forward ended before the replayed path did");
   std::vector<ir::Value> outs;
   outs.reserve(outputs.size());
   for (const at::Tensor& t : outputs) {

@@ -276,11 +276,6 @@ std::vector<at::Tensor> call_module(const std::shared_ptr<torch::nn::Module>& mo
   }
 
   const std::string node_path = path.empty() ? type_name(m) : path;
-  if (tracer->replaying()) {
-    // This call's compiled prefix already ran the module (and its hooks) through its node.
-    std::vector<at::Tensor> outs = tracer->replay_module_call(node_path, inputs, spec.list_sizes);
-    return outs;
-  }
   TORCH_CHECK(hooks->leaf || !ctx || !ctx->options().fullgraph, "torch::compile(fullgraph=true): module '",
               node_path, "' has hooks that cannot be inlined (", hooks->summary(),
               "); its call would split the graph. Register forward hooks with HookOptions().traceable() if they "
@@ -294,6 +289,7 @@ std::vector<at::Tensor> call_module(const std::shared_ptr<torch::nn::Module>& mo
     call->compiled = std::make_shared<CompiledFunction>(child, module, ctx->name() + "." + node_path);
   }
   std::vector<at::Tensor> outs;
+  tracer->before_module_call(inputs);
   {
     capture::Tracer::Suspension off;
     outs = call->run(inputs, spec);
@@ -302,8 +298,7 @@ std::vector<at::Tensor> call_module(const std::shared_ptr<torch::nn::Module>& mo
                              [call](const std::vector<at::Tensor>& ins) {
                                OutputSpec s;
                                return call->run(ins, s);
-                             },
-                             spec.list_sizes);
+                             });
   return outs;
 }
 

@@ -210,7 +210,7 @@ bool Node::has_side_effects() const {
     case NodeKind::GetAttr:
       return false;
     case NodeKind::CallFunction:
-      return op_is_mutating(*op_) || op_is_random(*op_);
+      return op_is_random(*op_) || !written_arguments(*this).empty();
   }
   return true;
 }
@@ -307,6 +307,58 @@ bool op_is_mutating(const c10::OperatorHandle& op) {
     if (arg.alias_info() && arg.alias_info()->isWrite()) return true;
   }
   return false;
+}
+
+bool is_view_node(const Node* n) {
+  if (n->kind() != NodeKind::CallFunction) return false;
+  const auto& returns = n->schema().returns();
+  return returns.size() == 1 && returns[0].alias_info() != nullptr && !returns[0].alias_info()->isWrite();
+}
+
+namespace {
+
+bool updates_running_stats(const Node& n) {
+  static const char* const kOps[] = {"aten::batch_norm", "aten::native_batch_norm", "aten::_batch_norm_impl_index",
+                                     "aten::instance_norm"};
+  const std::string& name = n.schema().name();
+  if (std::none_of(std::begin(kOps), std::end(kOps), [&](const char* op) { return name == op; })) return false;
+  const auto& schema_args = n.schema().arguments();
+  for (size_t i = 0; i < schema_args.size() && i < n.args().size(); ++i) {
+    const std::string& arg = schema_args[i].name();
+    if ((arg == "training" || arg == "use_input_stats") && n.args()[i].is_constant())
+      return n.args()[i].constant().isBool() && n.args()[i].constant().toBool();
+  }
+  return true;
+}
+
+}  // namespace
+
+std::vector<size_t> written_arguments(const Node& n) {
+  std::vector<size_t> written;
+  if (n.kind() != NodeKind::CallFunction) return written;
+  const auto& schema_args = n.schema().arguments();
+  const bool stats = updates_running_stats(n);
+  for (size_t i = 0; i < schema_args.size() && i < n.args().size(); ++i) {
+    const bool declared = schema_args[i].alias_info() != nullptr && schema_args[i].alias_info()->isWrite();
+    if (declared || (stats && (schema_args[i].name() == "running_mean" || schema_args[i].name() == "running_var")))
+      written.push_back(i);
+  }
+  return written;
+}
+
+Value memory_base(Value v) {
+  while (v.node->kind() == NodeKind::CallFunction) {
+    const auto& returns = v.node->schema().returns();
+    const size_t r = returns.size() == 1 ? 0 : v.index;  // a list return (split) is one return
+    if (r >= returns.size() || returns[r].alias_info() == nullptr) break;
+    const auto& schema_args = v.node->schema().arguments();
+    const Value* aliased = nullptr;
+    for (size_t i = 0; i < schema_args.size() && !aliased; ++i)
+      if (schema_args[i].alias_info() != nullptr && v.node->args()[i].is_value()) aliased = &v.node->args()[i].value();
+    if (!aliased) break;
+    v = *aliased;
+  }
+  return v;
 }
 
 // ---------------------------------------------------------------------------------------------

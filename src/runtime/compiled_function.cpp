@@ -2,6 +2,7 @@
 
 #include <torchcompile/capture/tracer.h>
 
+#include "runtime/call_state.h"
 #include "runtime/guards.h"
 #include "runtime/logging.h"
 #include "runtime/trace_context.h"
@@ -13,7 +14,6 @@
 #include <c10/util/Exception.h>
 #include <torch/nn/module.h>
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/equal.h>
@@ -65,7 +65,7 @@ struct Segment {
   std::vector<uint32_t> input_slots;
   std::vector<uint32_t> output_slots;
   std::vector<std::string> output_names;
-  std::vector<capture::LoggedOp> log;   // matched when a later call retraces past this segment
+  GraphEffects effects;                 // what running it changes: saved before, on calls that may re-run
   std::string text;                     // the graph as text: identical continuations are shared
   std::unique_ptr<BranchPoint> branch;  // null: the outputs are the call's results
   OutputSpec spec;                      // of the results (a segment without branch)
@@ -143,6 +143,48 @@ Segment* leaf_of(Segment* s) {
   return s;
 }
 
+// The call's flattened results: the graph outputs with the undefined tensors put back.
+std::vector<at::Tensor> with_undefined(std::vector<at::Tensor> outs, const OutputSpec& spec) {
+  if (spec.undefined.empty()) return outs;
+  std::vector<at::Tensor> all(outs.size() + spec.undefined.size());
+  size_t next = 0, u = 0;
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (u < spec.undefined.size() && spec.undefined[u] == i) {
+      ++u;
+      continue;
+    }
+    all[i] = std::move(outs.at(next++));
+  }
+  return all;
+}
+
+bool same_storage(const at::Tensor& a, const at::Tensor& b) {
+  return a.defined() && b.defined() && a.has_storage() && b.has_storage() &&
+         a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl();
+}
+
+// Before `seg` runs on a call that may have to run the forward again: save what it changes
+// outside this call's own intermediate values (inputs, module state and constants, also through
+// intermediate views of them; the generator; a module called opaquely may change any buffer).
+void save_effects(const Segment& seg, const std::vector<const Segment*>& path, const std::vector<at::Tensor>& env,
+                  const CallArgs& args, torch::nn::Module* root, StateSnapshot& snap) {
+  const GraphEffects& e = seg.effects;
+  for (size_t pos : e.written_inputs) {
+    const uint32_t slot = seg.input_slots.at(pos);
+    const at::Tensor& t = env.at(slot);
+    bool external = slot < args.tensors.size();
+    for (size_t i = 0; !external && i < args.tensors.size(); ++i) external = same_storage(t, args.tensors[i]);
+    for (size_t k = 0; !external && k <= path.size(); ++k)
+      for (const auto& [name, attr] : (k < path.size() ? path[k] : &seg)->gm->attributes())
+        external = external || same_storage(t, attr.first);
+    if (external) snap.save(t);
+  }
+  for (const std::string& name : e.written_attributes) snap.save(seg.gm->attribute(name));
+  if (e.random) snap.save_rng();
+  if (e.opaque && root != nullptr)
+    for (const at::Tensor& b : root->buffers(/*recurse=*/true)) snap.save(b);
+}
+
 }  // namespace
 
 CompiledEntry::CompiledEntry(std::unique_ptr<GuardSet> guards, std::unique_ptr<Segment> root,
@@ -153,6 +195,11 @@ CompiledEntry::CompiledEntry(std::unique_ptr<GuardSet> guards, std::unique_ptr<S
       eager_reason_(std::move(eager_reason)) {}
 
 CompiledEntry::~CompiledEntry() = default;
+
+const std::string& CompiledEntry::eager_reason() const {
+  static const std::string kBranchLimit = "a graph break read more distinct values than cache_size_limit";
+  return eager_reason_.empty() && runs_eagerly() ? kBranchLimit : eager_reason_;
+}
 
 std::shared_ptr<GraphModule> CompiledEntry::graph_module() const { return root_ ? root_->gm : nullptr; }
 
@@ -261,33 +308,16 @@ std::vector<at::Tensor> CompiledFunction::call(const CallArgs& args, const Forwa
 std::vector<at::Tensor> CompiledFunction::call_verified(const CallArgs& args, const ForwardFn& forward,
                                                         OutputSpec& spec) {
   // Snapshot what the forward may change: inputs, module state, the random generator.
-  std::vector<at::Tensor> inputs_before;
-  std::vector<std::pair<at::Tensor, at::Tensor>> state_before;
-  {
-    at::NoGradGuard no_grad;
-    for (const at::Tensor& t : args.tensors) inputs_before.push_back(t.defined() ? t.clone() : at::Tensor());
-    if (root_) {
-      for (const auto& p : root_->named_parameters(/*recurse=*/true)) state_before.emplace_back(p.value(), p.value().clone());
-      for (const auto& b : root_->named_buffers(/*recurse=*/true))
-        if (b.value().defined()) state_before.emplace_back(b.value(), b.value().clone());
-    }
+  StateSnapshot before;
+  for (const at::Tensor& t : args.tensors) before.save(t);
+  if (root_) {
+    for (const auto& p : root_->parameters(/*recurse=*/true)) before.save(p);
+    for (const auto& b : root_->buffers(/*recurse=*/true)) before.save(b);
   }
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
-  at::Tensor rng_before;
-  {
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    rng_before = gen.get_state();
-  }
+  before.save_rng();
   OutputSpec eager_spec;
   std::vector<at::Tensor> expected = forward(eager_spec);
-  {
-    at::NoGradGuard no_grad;
-    for (size_t i = 0; i < inputs_before.size(); ++i)
-      if (inputs_before[i].defined()) args.tensors[i].copy_(inputs_before[i]);
-    for (auto& [live, saved] : state_before) live.copy_(saved);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(rng_before);
-  }
+  before.restore();
   std::vector<at::Tensor> actual = call_compiled(args, forward, spec);
   std::string mismatch;
   if (expected.size() != actual.size()) {
@@ -297,7 +327,12 @@ std::vector<at::Tensor> CompiledFunction::call_verified(const CallArgs& args, co
   for (size_t i = 0; mismatch.empty() && i < expected.size(); ++i) {
     const at::Tensor &e = expected[i], &a = actual[i];
     std::ostringstream os;
-    if (e.sizes() != a.sizes() || e.scalar_type() != a.scalar_type()) {
+    if (e.defined() != a.defined()) {
+      os << "output " << i << " is " << (e.defined() ? "defined" : "undefined") << " in eager, "
+         << (a.defined() ? "defined" : "undefined") << " compiled";
+    } else if (!e.defined()) {
+      continue;
+    } else if (e.sizes() != a.sizes() || e.scalar_type() != a.scalar_type()) {
       os << "output " << i << ": eager gives " << e.scalar_type() << e.sizes() << ", compiled " << a.scalar_type()
          << a.sizes();
     } else if (at::isFloatingType(e.scalar_type()) ? !at::allclose(e, a, 1e-4, 1e-5, /*equal_nan=*/true)
@@ -353,7 +388,7 @@ std::unique_ptr<Segment> CompiledFunction::compile_chain(std::vector<capture::Se
     seg->input_slots = r.input_slots;
     seg->output_slots = r.output_slots;
     seg->output_names = r.output_names;
-    seg->log = std::move(r.log);
+    seg->effects = effects_of(*seg->gm);
     std::vector<at::Tensor> example_inputs;
     for (uint32_t s : seg->input_slots) example_inputs.push_back(slots.at(s));
     try {
@@ -378,21 +413,54 @@ std::unique_ptr<Segment> CompiledFunction::compile_chain(std::vector<capture::Se
   return std::move(chain.front());
 }
 
-std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, const ForwardFn& forward,
-                                                          OutputSpec& spec) {
-  auto guards = GuardSet::build(args, root_, options_.input_names);
-  const auto names = tensor_input_names(args, options_.input_names);
+struct CompiledFunction::Traced {
+  std::vector<at::Tensor> outputs;              // the call's flattened results
+  std::vector<capture::SegmentRecord> records;  // empty if the trace failed
+  std::vector<at::Tensor> slots;                // the slot tensors (example inputs)
+  std::string failure;
+  std::vector<TraceContext::Noted> modules;     // module calls crossed (hook guards)
+};
+
+CompiledFunction::Traced CompiledFunction::trace(const CallArgs& args, const ForwardFn& forward, OutputSpec& spec,
+                                                 const std::vector<std::string>& names) {
+  Traced t;
   capture::Tracer tracer(options_.fullgraph);
-  for (size_t i = 0; i < args.tensors.size(); ++i) tracer.add_input(args.tensors[i], names[i]);
+  for (size_t i = 0; i < args.tensors.size(); ++i) tracer.add_input(args.tensors[i], names.at(i));
   add_module_state(tracer);
-  std::vector<at::Tensor> outputs;
   TraceContext context(options_, name_, root_.get());
   {
     TraceContext::Scope in_context(context);
     capture::Tracer::Activation active(tracer);
-    outputs = forward(spec);
+    t.outputs = forward(spec);
   }
-  for (const auto& n : context.modules()) guards->add_hook_module(n.module, n.version, n.path);
+  t.modules = context.modules();
+  // Undefined results (an empty state passed through) are not graph values: the spec puts
+  // them back around the graphs' outputs.
+  spec.undefined.clear();
+  std::vector<at::Tensor> defined;
+  for (size_t i = 0; i < t.outputs.size(); ++i) {
+    if (t.outputs[i].defined()) {
+      defined.push_back(t.outputs[i]);
+    } else {
+      spec.undefined.push_back(i);
+    }
+  }
+  if (!tracer.failed()) t.records = tracer.finish_segments(defined);  // may fail on an output
+  if (tracer.failed()) {
+    t.failure = tracer.failure()->reason;
+    t.records.clear();
+    TORCHCOMPILE_LOG(LogKind::GraphBreaks, "torch::compile(", name_, "): trace abandoned: ", t.failure);
+  }
+  t.slots = tracer.slot_tensors();
+  return t;
+}
+
+std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, const ForwardFn& forward,
+                                                          OutputSpec& spec) {
+  auto guards = GuardSet::build(args, root_, options_.input_names);
+  const auto names = tensor_input_names(args, options_.input_names);
+  Traced traced = trace(args, forward, spec, names);
+  for (const auto& n : traced.modules) guards->add_hook_module(n.module, n.version, n.path);
   auto insert = [&](std::unique_ptr<Segment> root, std::string eager_reason) {
     auto entry = std::make_shared<CompiledEntry>(std::move(guards), std::move(root), names, std::move(eager_reason));
     if (log_enabled(LogKind::Guards)) {
@@ -404,25 +472,21 @@ std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, 
     entries_.insert(entries_.begin(), std::move(entry));
     evicted_reason_.clear();
   };
-  std::vector<capture::SegmentRecord> records;
-  if (!tracer.failed()) records = tracer.finish_segments(outputs);  // may fail on an output
-  if (tracer.failed()) {
-    const capture::TraceFailure& f = *tracer.failure();
-    TORCHCOMPILE_LOG(LogKind::GraphBreaks, "torch::compile(", name_, "): trace abandoned: ", f.reason);
-    warn_once("trace:" + f.reason, f.reason + "; this input signature runs eagerly");
-    insert(nullptr, f.reason);
-    return outputs;
+  if (!traced.failure.empty()) {
+    warn_once("trace:" + traced.failure, traced.failure + "; this input signature runs eagerly");
+    insert(nullptr, traced.failure);
+    return traced.outputs;
   }
   std::string failure;
-  auto root = compile_chain(records, 0, tracer.slot_tensors(), failure);
+  auto root = compile_chain(traced.records, 0, traced.slots, failure);
   if (!root) {
     warn_once("backend", failure + "; running eagerly");
     insert(nullptr, failure);
-    return outputs;
+    return traced.outputs;
   }
   leaf_of(root.get())->spec = spec;
   insert(std::move(root), "");
-  return outputs;
+  return traced.outputs;
 }
 
 std::vector<at::Tensor> CompiledFunction::run_entry(const CompiledEntry& entry, const CallArgs& args,
@@ -430,16 +494,19 @@ std::vector<at::Tensor> CompiledFunction::run_entry(const CompiledEntry& entry, 
   const Segment* seg = entry.root_.get();
   if (!seg->branch) {  // no graph break: the common case
     spec = seg->spec;
-    return seg->fn(args.tensors);
+    return with_undefined(seg->fn(args.tensors), spec);
   }
+  // A call may reach a branch value with no compiled continuation; then the forward runs again
+  // from the start, so what the segments change outside their own values is saved first.
+  StateSnapshot snapshot;
   std::vector<at::Tensor> env = args.tensors;
-  std::vector<Segment*> path;
-  std::vector<std::vector<c10::IValue>> keys;
+  std::vector<const Segment*> path;
   for (;;) {
+    if (seg->effects.any()) save_effects(*seg, path, env, args, root_.get(), snapshot);
     std::vector<at::Tensor> outs = run_segment(*seg, env);
     if (!seg->branch) {
       spec = seg->spec;
-      return outs;
+      return with_undefined(std::move(outs), spec);
     }
     for (size_t i = 0; i < outs.size(); ++i) {
       const uint32_t s = seg->output_slots[i];
@@ -447,115 +514,103 @@ std::vector<at::Tensor> CompiledFunction::run_entry(const CompiledEntry& entry, 
       env[s] = std::move(outs[i]);
     }
     std::vector<c10::IValue> key = read_key(*seg->branch, env);
+    path.push_back(seg);
     Segment* next;
+    bool closed;
     {
       std::lock_guard<std::mutex> lock(entry.tree_mutex_);
       next = seg->branch->find(key);
+      closed = seg->branch->closed;
     }
-    path.push_back(const_cast<Segment*>(seg));
-    keys.push_back(std::move(key));
+    if (!next && closed) return rerun_forward(entry, args, snapshot, /*record=*/false, forward, spec);
     if (!next) {
       // One retrace at a time per compiled object; a thread that waited may find the branch
       // traced by the one before it and go on.
       std::unique_lock<std::mutex> tracing(trace_mutex_);
       {
         std::lock_guard<std::mutex> lock(entry.tree_mutex_);
-        next = seg->branch->find(keys.back());
+        next = seg->branch->find(key);
+        closed = seg->branch->closed;
       }
-      if (!next) return retrace_branch(entry, args, path, keys, std::move(env), forward, spec);
+      if (!next) return rerun_forward(entry, args, snapshot, !closed, forward, spec);
     }
     seg = next;
   }
 }
 
-std::vector<at::Tensor> CompiledFunction::retrace_branch(const CompiledEntry& entry, const CallArgs& args,
-                                                         const std::vector<Segment*>& path,
-                                                         const std::vector<std::vector<c10::IValue>>& keys,
-                                                         std::vector<at::Tensor> env, const ForwardFn& forward,
-                                                         OutputSpec& spec) {
-  BranchPoint& bp = *path.back()->branch;
-  bool record;
-  {
-    std::lock_guard<std::mutex> lock(entry.tree_mutex_);
-    record = !bp.closed;
+std::vector<at::Tensor> CompiledFunction::rerun_forward(const CompiledEntry& entry, const CallArgs& args,
+                                                        const StateSnapshot& snapshot, bool record,
+                                                        const ForwardFn& forward, OutputSpec& spec) {
+  // The state as it was when the call began: the forward's run is then eager's own.
+  snapshot.restore();
+  if (!record) {
+    // A branch point past its limit got yet another value: running the compiled prefix and
+    // then the whole forward again costs more than eager, so from now on this entry is eager.
+    entry.eager_.store(true, std::memory_order_relaxed);
+    warn_once("branch-limit", "a graph break read more distinct values than cache_size_limit (" +
+                                  std::to_string(options_.cache_size_limit) +
+                                  "); this input signature runs eagerly from now on");
+    return forward(spec);
   }
-  capture::ReplayPath replay;
-  std::vector<std::string> env_names = entry.input_names_;
-  env_names.resize(env.size());
-  for (Segment* s : path) {
-    replay.logs.push_back(&s->log);
-    replay.branches.push_back(&s->branch->record);
-    for (size_t i = 0; i < s->output_slots.size(); ++i) env_names[s->output_slots[i]] = s->output_names[i];
+  Traced traced = trace(args, forward, spec, entry.input_names_);
+  for (const auto& n : traced.modules) entry.guards().add_hook_module(n.module, n.version, n.path);
+  if (!traced.failure.empty()) {
+    warn_once("trace:" + traced.failure, traced.failure + "; that branch runs eagerly");
+    return traced.outputs;
   }
-  replay.keys = keys;
-  replay.record_after = record;
+  std::vector<capture::SegmentRecord>& records = traced.records;
 
-  capture::Tracer tracer(options_.fullgraph);
-  for (size_t i = 0; i < args.tensors.size(); ++i) tracer.add_input(args.tensors[i], entry.input_names_.at(i));
-  add_module_state(tracer);
-  tracer.set_replay(std::move(replay), std::move(env), env_names);
-  std::vector<at::Tensor> outputs;
-  TraceContext context(options_, name_, root_.get());
-  {
-    TraceContext::Scope in_context(context);
-    capture::Tracer::Activation active(tracer);
-    outputs = forward(spec);
-  }
-  for (const auto& n : context.modules()) entry.guards().add_hook_module(n.module, n.version, n.path);
-  if (!record) return outputs;
-  if (tracer.failed()) {
-    warn_once("trace:" + tracer.failure()->reason, tracer.failure()->reason + "; that branch runs eagerly");
-    return outputs;
-  }
-  auto records = tracer.finish_segments(outputs);
-  if (records.empty()) return outputs;
-
-  // Share what is already in the tree: walk the new chain down while it matches.
-  BranchPoint* attach = &bp;
-  std::vector<c10::IValue> key = keys.back();
+  // Walk the tree along the new trace while its segments are the compiled ones; attach the
+  // rest where it first differs.
+  BranchPoint* attach = nullptr;
+  std::vector<c10::IValue> key;
   size_t first_new = 0;
   {
     std::lock_guard<std::mutex> lock(entry.tree_mutex_);
-    while (first_new < records.size()) {
-      const std::string text = ir::to_text(records[first_new].gm->graph());
+    Segment* seg = entry.root_.get();
+    if (!same_segment(*seg, records[0], ir::to_text(records[0].gm->graph()))) first_new = records.size() + 1;
+    for (size_t i = 0; first_new == 0 && seg->branch && i + 1 < records.size(); ++i) {
+      BranchPoint& bp = *seg->branch;
+      const std::string text = ir::to_text(records[i + 1].gm->graph());
       Segment* match = nullptr;
-      for (const auto& c : attach->children)
-        if (same_segment(*c, records[first_new], text)) match = c.get();
-      if (!match) break;
-      attach->remember(key, match);
-      if (!match->branch) {
-        first_new = records.size();
+      for (const auto& c : bp.children)
+        if (same_segment(*c, records[i + 1], text)) match = c.get();
+      if (!match) {
+        attach = &bp;
+        key = records[i].branch->key;
+        first_new = i + 1;
+        if (bp.children.size() >= options_.cache_size_limit) bp.closed = true;
         break;
       }
-      key = records[first_new].branch->key;
-      attach = match->branch.get();
-      ++first_new;
-    }
-    if (first_new == records.size()) return outputs;
-    if (attach->children.size() >= options_.cache_size_limit) {
-      attach->closed = true;
-      record = false;
+      bp.remember(records[i].branch->key, match);
+      seg = match;
     }
   }
-  if (!record) {
+  if (first_new > records.size()) {
+    warn_once("diverged", "re-running the forward for a new graph-break value made different tensor calls than "
+                          "when it was traced (does it depend on host state?); new branch values run eagerly");
+    return traced.outputs;
+  }
+  if (!attach) return traced.outputs;  // every segment was known already
+  if (attach->closed) {
     warn_once("branch:" + attach->op_name,
               "graph break on " + attach->op_name + " has " + std::to_string(options_.cache_size_limit) +
-                  " continuations (cache_size_limit); new values of it run the rest of the forward eagerly. "
-                  "Is the value read used as a number?");
-    return outputs;
+                  " continuations (cache_size_limit); the next new value makes this input signature run "
+                  "eagerly. Is the value read used as a number?");
+    return traced.outputs;
   }
   std::string failure;
-  auto chain = compile_chain(records, first_new, tracer.slot_tensors(), failure);
+  auto chain = compile_chain(records, first_new, traced.slots, failure);
   if (!chain) {
     warn_once("backend", failure + "; that branch runs eagerly");
-    return outputs;
+    return traced.outputs;
   }
   leaf_of(chain.get())->spec = spec;
   std::lock_guard<std::mutex> lock(entry.tree_mutex_);
   Segment* head = chain.get();
   attach->children.push_back(std::move(chain));
   attach->remember(key, head);
-  return outputs;
+  return traced.outputs;
 }
 
 size_t CompiledFunction::num_entries() const {

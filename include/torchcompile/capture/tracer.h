@@ -11,11 +11,8 @@
 // the segment's outputs, stored in numbered *slots* of the call's environment (inputs are slots
 // 0..n-1), the read is executed and its value becomes the key of a branch, and recording goes
 // on in a new segment whose placeholders read slots. A later call that reads a value with no
-// traced continuation re-runs the forward in *replay* mode: the ops of the already executed
-// segments are matched against their logs and answered from the environment (or with
-// placeholder tensors of the right metadata for values that were dead at the break) instead of
-// running again, so buffer mutations and random draws of the prefix happen once; after the
-// last known branch point recording resumes (or the forward continues untraced).
+// traced continuation restores the state the compiled segments changed and runs the forward
+// again from the start under a new tracer (see runtime/compiled_function.cpp).
 #pragma once
 
 #include <torchcompile/ir/graph_module.h>
@@ -50,26 +47,6 @@ struct TraceFailure {
   std::string op;      ///< the operator, if one caused it
 };
 
-/// One recorded output of a logged op: where replay finds it.
-struct LoggedOutput {
-  int32_t slot = -1;       ///< the environment slot holding it, if it outlived its segment
-  int32_t alias_arg = -1;  ///< the argument it is (in-place and out= ops), if any
-  ir::TensorMeta meta;     ///< to make a stand-in for values that died inside the segment
-};
-
-/// Every op recorded in a segment, in call order (dead ones included): what replay matches.
-/// An opaque module call (a call_module node) is logged with its path instead of an operator.
-struct LoggedOp {
-  std::optional<c10::OperatorHandle> op;
-  std::vector<uint32_t> return_counts;
-  std::vector<LoggedOutput> outputs;
-  std::string module_call;          ///< the module path of a logged module call
-  std::vector<size_t> list_sizes;   ///< a module call's result structure (OutputSpec::list_sizes)
-
-  /// `aten::add.Tensor`, or `module call 'fc1'`.
-  std::string describe() const;
-};
-
 /// The host read that ended a segment, and the value it returned when traced.
 struct BranchRecord {
   c10::OperatorHandle op;
@@ -84,7 +61,6 @@ struct SegmentRecord {
   std::vector<uint32_t> input_slots;   ///< slot read by each placeholder, in order
   std::vector<uint32_t> output_slots;  ///< for a segment ending in a branch: slot of each output
   std::vector<std::string> output_names;  ///< the name of each output slot (its node's name)
-  std::vector<LoggedOp> log;
   std::optional<BranchRecord> branch;  ///< empty for the last segment (its outputs are results)
 };
 
@@ -92,15 +68,6 @@ struct SegmentRecord {
 bool same_key(const std::vector<c10::IValue>& a, const std::vector<c10::IValue>& b);
 /// `1.5`, `true`, ... for messages.
 std::string key_repr(const std::vector<c10::IValue>& key);
-
-/// The already compiled path a replay walks: the logs of its segments and the value each
-/// branch read returns (one more key than completed segments is allowed: the new value).
-struct ReplayPath {
-  std::vector<const std::vector<LoggedOp>*> logs;
-  std::vector<const BranchRecord*> branches;
-  std::vector<std::vector<c10::IValue>> keys;
-  bool record_after = true;  ///< after the last key: record a new segment, or run untraced
-};
 
 /// One trace. Not thread-safe: a Tracer belongs to the thread that activates it.
 class Tracer {
@@ -116,10 +83,6 @@ class Tracer {
   void add_input(const at::Tensor& t, const std::string& name);
   /// Declare module state: uses of `t` become get_attr nodes reading `qualified_name`.
   void add_attribute(const std::string& qualified_name, const at::Tensor& t, ir::AttributeKind kind);
-  /// Replay `path` first, with `env` holding the slots computed by the compiled segments of
-  /// this call (call before activation; inputs are still declared with add_input).
-  /// `env_names` names every slot (placeholders of later segments take these names).
-  void set_replay(ReplayPath path, std::vector<at::Tensor> env, const std::vector<std::string>& env_names);
 
   /// While alive, this thread's ATen calls are recorded into this tracer.
   class Activation {
@@ -157,22 +120,17 @@ class Tracer {
 
   // ---- module calls (torchcompile::call) ----
 
-  /// Whether the forward's calls are being recorded or replayed: false after a failure, and
-  /// after the replayed path of a run that records nothing new.
+  /// Whether the forward's calls are being recorded: false after a failure.
   bool following() const;
-  /// Whether the forward is re-running an already compiled prefix (see set_replay).
-  bool replaying() const;
   /// Ops recorded until the matching pop get `path` as their module path (nn_module_stack).
   void push_module_path(std::string path);
   void pop_module_path();
   /// Record an opaque module call that ran with recording suspended: a call_module node named
   /// after `path`, reading `inputs` and producing `outputs`; `fn` runs the call on later calls.
-  /// `list_sizes` is the result's structure, returned again by replay_module_call.
   void record_module_call(const std::string& path, const std::vector<at::Tensor>& inputs,
-                          const std::vector<at::Tensor>& outputs, ir::ModuleFn fn, std::vector<size_t> list_sizes);
-  /// While replaying: the outputs of the logged module call `path`, which must come next.
-  std::vector<at::Tensor> replay_module_call(const std::string& path, const std::vector<at::Tensor>& inputs,
-                                             std::vector<size_t>& list_sizes);
+                          const std::vector<at::Tensor>& outputs, ir::ModuleFn fn);
+  /// Call before running an opaque module call on `inputs` (it may write to them).
+  void before_module_call(const std::vector<at::Tensor>& inputs);
 
   /// While alive, nothing this thread calls is recorded at `level` and Tracer::current(level) is
   /// null (an opaque module's own forward runs under it).

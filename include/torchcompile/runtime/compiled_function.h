@@ -22,6 +22,9 @@ namespace torchcompile::capture {
 class Tracer;
 struct SegmentRecord;
 }  // namespace torchcompile::capture
+namespace torchcompile::runtime {
+class StateSnapshot;
+}  // namespace torchcompile::runtime
 
 namespace torchcompile {
 
@@ -56,6 +59,8 @@ struct CallArgs {
 /// `std::vector<Tensor>` in the return value, in order of appearance.
 struct OutputSpec {
   std::vector<size_t> list_sizes;
+  /// Positions of undefined tensors in the flattened result (they are not graph outputs).
+  std::vector<size_t> undefined;
 };
 
 class GuardSet;
@@ -73,9 +78,10 @@ class CompiledEntry {
                 std::string eager_reason);
   ~CompiledEntry();
 
-  /// Whether this entry runs the C++ forward eagerly (tracing failed, or the backend threw).
-  bool runs_eagerly() const { return root_ == nullptr; }
-  const std::string& eager_reason() const { return eager_reason_; }
+  /// Whether this entry runs the C++ forward eagerly (tracing failed, the backend threw, or a
+  /// graph break met more values than cache_size_limit).
+  bool runs_eagerly() const { return root_ == nullptr || eager_.load(std::memory_order_relaxed); }
+  const std::string& eager_reason() const;
   const GuardSet& guards() const { return *guards_; }
   /// The first graph segment's module (null for an eager entry).
   std::shared_ptr<GraphModule> graph_module() const;
@@ -94,6 +100,7 @@ class CompiledEntry {
   std::vector<std::string> input_names_;
   std::string eager_reason_;
   mutable std::mutex tree_mutex_;  // guards the branch tables of the tree
+  mutable std::atomic<bool> eager_{false};  // set once a branch point is past its limit
 };
 
 /// The state shared by all copies of one compiled object.
@@ -135,10 +142,13 @@ class CompiledFunction {
   std::vector<at::Tensor> trace_new_entry(const CallArgs& args, const ForwardFn& forward, OutputSpec& spec);
   std::vector<at::Tensor> run_entry(const CompiledEntry& entry, const CallArgs& args, const ForwardFn& forward,
                                     OutputSpec& spec);
-  std::vector<at::Tensor> retrace_branch(const CompiledEntry& entry, const CallArgs& args,
-                                         const std::vector<Segment*>& path,
-                                         const std::vector<std::vector<c10::IValue>>& keys,
-                                         std::vector<at::Tensor> env, const ForwardFn& forward, OutputSpec& spec);
+  /// A trace of one run of the forward: its results, and its segments or why it failed.
+  struct Traced;
+  Traced trace(const CallArgs& args, const ForwardFn& forward, OutputSpec& spec, const std::vector<std::string>& names);
+  /// A branch value with no compiled continuation: restore `snapshot` and run the forward
+  /// again, traced (the new continuation joins the tree) or, if `record` is false, eagerly.
+  std::vector<at::Tensor> rerun_forward(const CompiledEntry& entry, const CallArgs& args, const StateSnapshot& snapshot,
+                                        bool record, const ForwardFn& forward, OutputSpec& spec);
   /// Compile recorded segments into a chain; on failure returns null and sets `failure`.
   std::unique_ptr<Segment> compile_chain(std::vector<capture::SegmentRecord>& records, size_t from,
                                          const std::vector<at::Tensor>& slots, std::string& failure);

@@ -1,0 +1,84 @@
+#include "runtime/call_state.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>
+
+#include <algorithm>
+#include <functional>
+#include <mutex>
+
+namespace torchcompile::runtime {
+
+GraphEffects effects_of(const ir::GraphModule& gm) {
+  GraphEffects e;
+  const ir::Graph& g = gm.graph();
+  const auto placeholders = g.placeholders();
+  std::function<void(const ir::Argument&)> note_argument;
+  auto note_written = [&](const ir::Value& v) {
+    const ir::Value base = ir::memory_base(v);
+    if (base.node->kind() == ir::NodeKind::CallModule) {
+      // A module called opaquely may return (views of) its arguments.
+      for (const auto& a : base.node->args()) note_argument(a);
+      return;
+    }
+    if (base.node->kind() == ir::NodeKind::Placeholder) {
+      const size_t pos = std::find(placeholders.begin(), placeholders.end(), base.node) - placeholders.begin();
+      if (pos < placeholders.size() &&
+          std::find(e.written_inputs.begin(), e.written_inputs.end(), pos) == e.written_inputs.end())
+        e.written_inputs.push_back(pos);
+    } else if (base.node->kind() == ir::NodeKind::GetAttr) {
+      const std::string& name = base.node->target();
+      if (std::find(e.written_attributes.begin(), e.written_attributes.end(), name) == e.written_attributes.end())
+        e.written_attributes.push_back(name);
+    }
+  };
+  note_argument = [&](const ir::Argument& a) {
+    if (a.is_value()) note_written(a.value());
+    if (a.is_list())
+      for (const auto& v : a.list())
+        if (v) note_written(*v);
+  };
+  for (const auto& n : g.nodes()) {
+    if (n->kind() == ir::NodeKind::CallModule) {
+      e.opaque = e.random = true;
+      for (const auto& a : n->args()) note_argument(a);
+      continue;
+    }
+    if (n->kind() != ir::NodeKind::CallFunction) continue;
+    e.random |= ir::op_is_random(n->op());
+    for (size_t i : ir::written_arguments(*n)) note_argument(n->args()[i]);
+  }
+  return e;
+}
+
+void StateSnapshot::save(const at::Tensor& t) {
+  if (!t.defined()) return;
+  for (const auto& [live, copy] : tensors_)
+    if (live.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return;
+  at::NoGradGuard no_grad;
+  tensors_.emplace_back(t, t.clone());
+}
+
+void StateSnapshot::save_rng() {
+  if (rng_) return;
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  rng_ = gen.clone();
+}
+
+void StateSnapshot::restore() const {
+  {
+    at::NoGradGuard no_grad;
+    // Newest first: where two saved tensors share memory (a buffer, then a view of it saved
+    // after a segment changed it), the oldest copy is what was there when the call began.
+    for (auto it = tensors_.rbegin(); it != tensors_.rend(); ++it) it->first.copy_(it->second);
+  }
+  if (rng_) {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    at::Tensor state = rng_->get_state();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(state);
+  }
+}
+
+}  // namespace torchcompile::runtime

@@ -1,0 +1,48 @@
+// What a call of a compiled forward changes outside its graphs' own values, and the snapshot
+// that puts it back: the seam that lets a call with graph breaks run the C++ forward again from
+// the start when it reaches a branch value with no compiled continuation.
+#pragma once
+
+#include <torchcompile/ir/graph_module.h>
+
+#include <ATen/core/Generator.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace torchcompile::runtime {
+
+/// The state a compiled graph may change besides its outputs.
+struct GraphEffects {
+  std::vector<size_t> written_inputs;           ///< placeholder positions written (directly or through views)
+  std::vector<std::string> written_attributes;  ///< get_attr targets written
+  bool random = false;                          ///< draws random numbers
+  bool opaque = false;                          ///< calls a module opaquely (anything it owns may change)
+
+  bool any() const { return random || opaque || !written_inputs.empty() || !written_attributes.empty(); }
+};
+
+/// Reads a graph's effects from its nodes: in-place and out= arguments (followed back through
+/// views to what owns their memory), random operators, call_module nodes (whose tensor
+/// arguments count as written).
+GraphEffects effects_of(const ir::GraphModule& gm);
+
+/// Copies of tensors and of the default CPU generator's state, written back by restore().
+class StateSnapshot {
+ public:
+  /// Save `t`'s contents (once per tensor; undefined tensors are ignored).
+  void save(const at::Tensor& t);
+  /// Save the default CPU generator (once).
+  void save_rng();
+  /// Write every saved tensor and the generator back, in place.
+  void restore() const;
+  bool empty() const { return tensors_.empty() && !rng_; }
+
+ private:
+  std::vector<std::pair<at::Tensor, at::Tensor>> tensors_;  // (live, copy)
+  std::optional<at::Generator> rng_;
+};
+
+}  // namespace torchcompile::runtime

@@ -1,0 +1,234 @@
+// Regression tests for graph-break defects found on real client code (D1-D4): each runs the
+// forward compiled and eagerly over calls with changing branch values and compares every result,
+// under `eager`, `aot_eager` and `default`.
+#include "support/test_util.h"
+
+using tc_test::tensors_close;
+using tc_test::tensors_equal;
+
+namespace {
+
+class BreakDefects : public ::testing::TestWithParam<std::string> {
+ protected:
+  const std::string& backend() const { return GetParam(); }
+  // What `f` printed to stderr, where LibTorch's warnings go; torch::compile's warnings start
+  // with "torch::compile(".
+  template <typename F>
+  static std::string warnings_of(F&& f) {
+    ::testing::internal::CaptureStderr();
+    f();
+    std::string err = ::testing::internal::GetCapturedStderr();
+    return err.find("torch::compile(") == std::string::npos ? "" : err;
+  }
+};
+
+std::string backend_name(const ::testing::TestParamInfo<std::string>& info) { return info.param; }
+
+// D1: a tensor made by a factory op before a graph break, updated in place after it.
+struct Fill : torch::nn::Module {
+  torch::Tensor forward(torch::Tensor x, torch::Tensor n) {
+    torch::Tensor out = torch::zeros({3});
+    int64_t k = n.item<int64_t>();
+    out.add_(x * k);
+    return out;
+  }
+};
+
+TEST_P(BreakDefects, D1FactoryTensorUpdatedAfterABreak) {
+  auto m = std::make_shared<Fill>();
+  auto fast = torch::compile(m, backend());
+  auto x = torch::ones({3});
+  std::string warned = warnings_of([&] {
+    for (int k : {2, 5, 2, 5, 5, 5, 7, 2}) {
+      auto n = torch::tensor(k);
+      ASSERT_TRUE(tensors_equal(m->forward(x, n), fast(x, n))) << "k = " << k;
+    }
+  });
+  EXPECT_EQ(warned, "");
+  auto entry = fast.state().entries().front();
+  EXPECT_FALSE(entry->runs_eagerly());
+  EXPECT_EQ(entry->num_graphs(), 4u) << "the prefix and one continuation per value";
+}
+
+// D2: ops returning their own argument (in-place ops, eval-mode dropout) in the prefix.
+struct Fill2 : torch::nn::Module {
+  torch::Tensor forward(torch::Tensor x, torch::Tensor n) {
+    torch::Tensor out = torch::zeros({3});
+    out.add_(x);
+    int64_t a = n[0].item<int64_t>();
+    out.add_(x * a);
+    int64_t b = n[1].item<int64_t>();
+    return out * b;
+  }
+};
+
+TEST_P(BreakDefects, D2InPlaceOpsInThePrefix) {
+  auto m = std::make_shared<Fill2>();
+  auto fast = torch::compile(m, backend());
+  auto x = torch::ones({3});
+  std::string warned = warnings_of([&] {
+    for (auto v : {std::pair{2, 3}, {5, 1}, {2, 3}, {5, 1}, {5, 3}, {2, 1}}) {
+      auto n = torch::tensor({v.first, v.second});
+      ASSERT_TRUE(tensors_equal(m->forward(x, n), fast(x, n))) << v.first << ", " << v.second;
+    }
+  });
+  EXPECT_EQ(warned, "");
+}
+
+struct DropoutLoop : torch::nn::Module {
+  torch::nn::Dropout drop{nullptr};
+  DropoutLoop() { drop = register_module("drop", torch::nn::Dropout(0.5)); }
+  std::vector<torch::Tensor> forward(torch::Tensor h, torch::Tensor n) {
+    std::vector<torch::Tensor> outs;
+    for (int64_t i = 0; i < 3; ++i) {
+      h = h * 0.5 + n[i].item<int64_t>();
+      torch::Tensor p = drop->forward(h);  // eval mode: returns h itself
+      outs.push_back(p * 2);
+    }
+    return outs;
+  }
+};
+
+TEST_P(BreakDefects, D2EvalDropoutReturnsItsArgumentInALoop) {
+  auto m = std::make_shared<DropoutLoop>();
+  m->eval();
+  auto fast = torch::compile(m, backend());
+  auto h = torch::ones({4});
+  torch::manual_seed(0);
+  for (int call = 0; call < 12; ++call) {
+    auto n = torch::randint(0, 3, {3}, torch::kLong);
+    auto expected = m->forward(h, n);
+    auto actual = fast(h, n);
+    ASSERT_EQ(expected.size(), actual.size());
+    for (size_t i = 0; i < expected.size(); ++i)
+      ASSERT_TRUE(tensors_equal(expected[i], actual[i])) << "call " << call << " output " << i;
+  }
+}
+
+TEST_P(BreakDefects, D2TrainingDropoutAndBatchNormBeforeBreaks) {
+  struct Net : torch::nn::Module {
+    torch::nn::BatchNorm1d bn{nullptr};
+    torch::nn::Dropout drop{nullptr};
+    Net() {
+      bn = register_module("bn", torch::nn::BatchNorm1d(4));
+      drop = register_module("drop", torch::nn::Dropout(0.3));
+    }
+    torch::Tensor forward(torch::Tensor x, torch::Tensor n) {
+      torch::Tensor acc = torch::zeros({8, 4});
+      auto h = drop->forward(bn->forward(x));
+      acc.add_(h);
+      int64_t a = n[0].item<int64_t>();
+      acc.mul_(a);
+      h = drop->forward(h.relu());
+      int64_t b = n[1].item<int64_t>();
+      return acc + h * b;
+    }
+  };
+  torch::manual_seed(1);
+  auto compiled_model = std::make_shared<Net>();
+  auto eager_model = std::make_shared<Net>();
+  eager_model->bn->weight.data().copy_(compiled_model->bn->weight.data());
+  auto fast = torch::compile(compiled_model, backend());
+  for (int call = 0; call < 10; ++call) {
+    auto x = torch::randn({8, 4});
+    auto n = torch::randint(0, 3, {2}, torch::kLong);
+    torch::manual_seed(100 + call);
+    auto expected = eager_model->forward(x, n);
+    auto eager_next = torch::rand({2});
+    torch::manual_seed(100 + call);
+    auto actual = fast(x, n);
+    auto compiled_next = torch::rand({2});
+    ASSERT_TRUE(tensors_close(expected, actual)) << "call " << call;
+    ASSERT_TRUE(tensors_equal(eager_next, compiled_next)) << "RNG state after call " << call;
+    ASSERT_TRUE(tensors_close(eager_model->bn->running_mean, compiled_model->bn->running_mean)) << "call " << call;
+    ASSERT_TRUE(tensors_close(eager_model->bn->running_var, compiled_model->bn->running_var)) << "call " << call;
+  }
+}
+
+// D2's fallback: a branch point past its continuation limit runs the rest eagerly, and that
+// must still give eager's result.
+TEST_P(BreakDefects, ClosedBranchRunsEagerlyWithEagersResult) {
+  auto m = std::make_shared<Fill2>();
+  auto fast = torch::compile(m, torchcompile::CompileOptions(backend()).with_cache_size_limit(2));
+  auto x = torch::ones({3});
+  warnings_of([&] {
+    for (int a = 0; a < 6; ++a)
+      for (int b = 0; b < 3; ++b) {
+        auto n = torch::tensor({a, b});
+        ASSERT_TRUE(tensors_equal(m->forward(x, n), fast(x, n))) << a << ", " << b;
+      }
+  });
+}
+
+// D3: a forward returning an undefined tensor (an empty recurrent state passed through).
+struct PassThrough : torch::nn::Module {
+  std::vector<torch::Tensor> forward(torch::Tensor x, torch::Tensor h) { return {x * 2, h}; }
+};
+
+TEST_P(BreakDefects, D3UndefinedOutputsRoundTrip) {
+  auto fast = torch::compile(std::make_shared<PassThrough>(), backend());
+  for (int call = 0; call < 3; ++call) {
+    auto out = fast(torch::ones({2}), torch::Tensor());
+    ASSERT_EQ(out.size(), 2u);
+    EXPECT_TRUE(tensors_equal(torch::full({2}, 2.0), out[0]));
+    EXPECT_FALSE(out[1].defined());
+  }
+  auto h = torch::randn({2});
+  auto out = fast(torch::ones({2}), h);
+  EXPECT_TRUE(out[1].defined());
+  EXPECT_TRUE(tensors_equal(h, out[1]));
+  for (const auto& e : fast.state().entries()) EXPECT_FALSE(e->runs_eagerly()) << e->eager_reason();
+}
+
+TEST_P(BreakDefects, D3UndefinedOutputsNestedInTuplesAndAfterBreaks) {
+  auto fn = [](torch::Tensor x, torch::Tensor n) -> std::tuple<torch::Tensor, std::tuple<torch::Tensor, torch::Tensor>> {
+    if (n.item<int64_t>() > 0) return {x + 1, {torch::Tensor(), x * 3}};
+    return {torch::Tensor(), {x - 1, torch::Tensor()}};
+  };
+  auto fast = torch::compile(fn, backend());
+  auto x = torch::randn({3});
+  for (int k : {1, 0, 1, 0}) {
+    auto [a, bc] = fast(x, torch::tensor(k));
+    auto [ea, ebc] = fn(x, torch::tensor(k));
+    ASSERT_EQ(a.defined(), ea.defined());
+    ASSERT_EQ(std::get<0>(bc).defined(), std::get<0>(ebc).defined());
+    ASSERT_EQ(std::get<1>(bc).defined(), std::get<1>(ebc).defined());
+    if (a.defined()) EXPECT_TRUE(tensors_equal(ea, a));
+    if (std::get<0>(bc).defined()) EXPECT_TRUE(tensors_equal(std::get<0>(ebc), std::get<0>(bc)));
+    if (std::get<1>(bc).defined()) EXPECT_TRUE(tensors_equal(std::get<1>(ebc), std::get<1>(bc)));
+  }
+}
+
+// D4: an in-place update of a tensor made by a factory op (the accumulator pattern).
+TEST_P(BreakDefects, D4AccumulatorIntoAFactoryTensor) {
+  auto fn = [](torch::Tensor x) {
+    torch::Tensor out = torch::zeros({3});
+    out.add_(x);
+    auto idx = torch::tensor({0, 2});
+    out.index_put_({idx}, x.index({idx}) * 3, /*accumulate=*/true);
+    return out * 2;
+  };
+  auto fast = torch::compile(fn, backend());
+  for (bool grad : {false, true}) {
+    for (int call = 0; call < 3; ++call) {
+      auto x = torch::randn({3}).requires_grad_(grad);
+      auto x_ref = x.detach().clone().requires_grad_(grad);
+      auto expected = fn(x_ref);
+      std::string warned = BreakDefects::warnings_of([&] {
+        auto actual = fast(x);
+        ASSERT_TRUE(tensors_close(expected, actual));
+        if (grad) {
+          actual.sum().backward();
+          expected.sum().backward();
+          ASSERT_TRUE(tensors_close(x_ref.grad(), x.grad()));
+        }
+      });
+      EXPECT_EQ(warned, "") << "grad " << grad;
+    }
+  }
+  for (const auto& e : fast.state().entries()) EXPECT_FALSE(e->runs_eagerly()) << e->eager_reason();
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, BreakDefects, ::testing::Values("eager", "aot_eager", "default"), backend_name);
+
+}  // namespace

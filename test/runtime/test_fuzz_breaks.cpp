@@ -1,0 +1,379 @@
+// A differential fuzzer for graph breaks: random forwards (seeded, reproducible) mixing host
+// reads (`item`, `is_nonzero`, `equal`) at random points with factory tensors, in-place ops on
+// inputs, on factory tensors and through views, ops that return their argument, dropout and
+// BatchNorm in training and eval, loops with a break per iteration and several outputs. Each is
+// compiled with `eager`, `aot_eager` and `default` and called many times with changing branch
+// values next to an eager copy of the module; every output, the inputs (which the forward may
+// update in place), every buffer and the random generator's state must match eager's.
+//
+//   TORCHCOMPILE_FUZZ_PROGRAMS   programs per backend (default 1000)
+//   TORCHCOMPILE_FUZZ_SEED       first seed (default 1); program k uses seed + k
+//   TORCHCOMPILE_FUZZ_CALLS      calls per program (default 10)
+//
+// A failure prints the backend, seed and program; rerun just it with
+// TORCHCOMPILE_FUZZ_SEED=<seed> TORCHCOMPILE_FUZZ_PROGRAMS=1 test_runtime --gtest_filter='Fuzz*'.
+#include "support/test_util.h"
+
+#include <cstdlib>
+#include <random>
+#include <sstream>
+
+using tc_test::tensors_close;
+using tc_test::tensors_equal;
+
+namespace {
+
+constexpr int kRegs = 5;   // tensor registers, each (4, 3) float
+constexpr int kReads = 4;  // branch values per call: n has 4 int64 elements in [0, 3)
+
+enum class Op {
+  Unary,        // r[d] = f(r[a])
+  Binary,       // r[d] = r[a] (+|*|-) r[b]
+  Factory,      // r[d] = zeros / ones / full / empty+fill_ / arange / tensor literal
+  InPlace,      // r[d].add_/mul_/relu_/copy_(...)
+  ViewInPlace,  // r[d].narrow(...).add_(...) / r[d].select(...).mul_(...)
+  Alias,        // r[d] = r[a].contiguous() / .to(kFloat) / view / in-place result
+  Param,        // r[d] = r[a] * weight
+  Buffer,       // counter.add_(r[a].mean())
+  Dropout,      // r[d] = dropout(r[a]) (returns r[a] itself in eval mode)
+  BatchNorm,    // r[d] = bn(r[a])
+  Random,       // r[d] = r[a] + rand_like / bernoulli
+  ReadBranch,   // v = read(n[i]) ; if (v) r[d] = ... else r[d] = ...
+  ReadNumber,   // r[d] = r[d] * (n[i].item() + 1)   or r[d].add_(n[i].item())
+  ReadData,     // a break on computed data: if ((r[a].sum() > 0).item<bool>()) ...
+  Loop,         // for j in [0, L): body (with a read of n[(i + j) % 4] per iteration)
+};
+
+struct Instr {
+  Op op;
+  int d = 0, a = 0, b = 0, k = 0, i = 0;
+  std::vector<Instr> body;  // Loop
+};
+
+struct Program {
+  std::vector<Instr> code;
+  std::vector<int> outputs;  // registers returned (may repeat); -1: the input x itself
+  bool training = false;
+  bool grad = false;
+  std::string text;
+};
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::Unary: return "unary";
+    case Op::Binary: return "binary";
+    case Op::Factory: return "factory";
+    case Op::InPlace: return "inplace";
+    case Op::ViewInPlace: return "view_inplace";
+    case Op::Alias: return "alias";
+    case Op::Param: return "param";
+    case Op::Buffer: return "buffer";
+    case Op::Dropout: return "dropout";
+    case Op::BatchNorm: return "batchnorm";
+    case Op::Random: return "random";
+    case Op::ReadBranch: return "read_branch";
+    case Op::ReadNumber: return "read_number";
+    case Op::ReadData: return "read_data";
+    case Op::Loop: return "loop";
+  }
+  return "?";
+}
+
+void describe(const std::vector<Instr>& code, std::ostream& os, int depth) {
+  for (const Instr& in : code) {
+    os << std::string(2 * depth, ' ') << op_name(in.op) << " d=" << in.d << " a=" << in.a << " b=" << in.b
+       << " k=" << in.k << " i=" << in.i << "\n";
+    if (in.op == Op::Loop) describe(in.body, os, depth + 1);
+  }
+}
+
+class Generator {
+ public:
+  explicit Generator(uint64_t seed) : rng_(seed) {}
+
+  Program program() {
+    Program p;
+    p.training = pick(2) == 0;
+    p.grad = pick(2) == 0;
+    const int n = 3 + pick(10);
+    for (int s = 0; s < n; ++s) p.code.push_back(instr(/*in_loop=*/false));
+    const int outs = 1 + pick(3);
+    for (int s = 0; s < outs; ++s) p.outputs.push_back(pick(kRegs + 1) - 1);
+    std::ostringstream os;
+    os << "training=" << p.training << " grad=" << p.grad << " outputs=";
+    for (int o : p.outputs) os << o << " ";
+    os << "\n";
+    describe(p.code, os, 1);
+    p.text = os.str();
+    return p;
+  }
+
+ private:
+  int pick(int n) { return std::uniform_int_distribution<int>(0, n - 1)(rng_); }
+
+  Instr instr(bool in_loop) {
+    Instr in;
+    const int kinds = in_loop ? 14 : 15;  // no nested loops
+    in.op = static_cast<Op>(pick(kinds));
+    // Reads are frequent: weight them up.
+    if (pick(4) == 0) in.op = static_cast<Op>(static_cast<int>(Op::ReadBranch) + pick(3));
+    in.d = pick(kRegs);
+    in.a = pick(kRegs);
+    in.b = pick(kRegs);
+    in.k = pick(8);
+    in.i = pick(kReads);
+    if (in.op == Op::Loop) {
+      in.k = 2 + pick(3);
+      const int len = 1 + pick(4);
+      for (int s = 0; s < len; ++s) in.body.push_back(instr(/*in_loop=*/true));
+      in.body.push_back(Instr{Op::ReadNumber, pick(kRegs), 0, 0, pick(2), 0, {}});
+    }
+    return in;
+  }
+
+  std::mt19937_64 rng_;
+};
+
+// The forward interpreting a program. Register 0 starts as the input x itself (in-place ops on
+// it update the caller's tensor), the others as functions of x.
+struct FuzzNet : torch::nn::Module {
+  explicit FuzzNet(Program p) : program(std::move(p)) {
+    weight = register_parameter("weight", torch::linspace(0.5, 1.5, 3));
+    counter = register_buffer("counter", torch::zeros({3}));
+    bn = register_module("bn", torch::nn::BatchNorm1d(3));
+    drop = register_module("drop", torch::nn::Dropout(0.3));
+  }
+
+  std::vector<torch::Tensor> forward(torch::Tensor x, torch::Tensor n) {
+    torch::Tensor r[kRegs];
+    r[0] = x;
+    r[1] = x * 0.5 + 1;
+    r[2] = x.sin();
+    r[3] = torch::ones({4, 3});
+    r[4] = x.neg();
+    run(program.code, r, n, 0);
+    std::vector<torch::Tensor> outs;
+    for (int o : program.outputs) outs.push_back(o < 0 ? x : r[o]);
+    return outs;
+  }
+
+  void run(const std::vector<Instr>& code, torch::Tensor* r, const torch::Tensor& n, int offset) {
+    for (const Instr& in : code) step(in, r, n, offset);
+  }
+
+  void step(const Instr& in, torch::Tensor* r, const torch::Tensor& n, int offset) {
+    torch::Tensor& d = r[in.d];
+    const torch::Tensor &a = r[in.a], &b = r[in.b];
+    const int i = (in.i + offset) % kReads;
+    switch (in.op) {
+      case Op::Unary: {
+        static torch::Tensor (*const fns[])(const torch::Tensor&) = {
+            [](const torch::Tensor& t) { return t.relu(); }, [](const torch::Tensor& t) { return t.tanh(); },
+            [](const torch::Tensor& t) { return t * -0.5; }, [](const torch::Tensor& t) { return t.exp().clamp_max(4); },
+            [](const torch::Tensor& t) { return t.abs() + 0.25; }, [](const torch::Tensor& t) { return t.sigmoid(); }};
+        d = fns[in.k % 6](a);
+        break;
+      }
+      case Op::Binary:
+        d = in.k % 3 == 0 ? a + b : in.k % 3 == 1 ? a * b : a - b;
+        break;
+      case Op::Factory:
+        switch (in.k) {
+          case 0: d = torch::zeros({4, 3}); break;
+          case 1: d = torch::ones({4, 3}); break;
+          case 2: d = torch::full({4, 3}, 2.5); break;
+          case 3: d = torch::empty({4, 3}).fill_(1.5); break;
+          case 4: d = torch::arange(12).to(torch::kFloat).view({4, 3}); break;
+          case 5: d = torch::tensor({1.0f, -2.0f, 3.0f}).expand({4, 3}).contiguous(); break;
+          case 6: d = torch::tensor(std::vector<float>{0.5f, 1.0f, -1.5f}).repeat({4, 1}); break;
+          default: {  // filled by host code, outside the dispatcher
+            d = torch::empty({4, 3});
+            auto acc = d.accessor<float, 2>();
+            for (int64_t r0 = 0; r0 < 4; ++r0)
+              for (int64_t c = 0; c < 3; ++c) acc[r0][c] = static_cast<float>(r0 - c);
+            break;
+          }
+        }
+        break;
+      case Op::InPlace:
+        switch (in.k % 4) {
+          case 0: d.add_(a); break;
+          case 1: d.mul_(1.5); break;
+          case 2: d.relu_(); break;
+          default: d.copy_(a * 2); break;
+        }
+        break;
+      case Op::ViewInPlace:
+        if (in.k % 2 == 0) {
+          d.narrow(0, 1, 2).add_(a.narrow(0, 0, 2));
+        } else {
+          d.select(1, in.k % 3).mul_(-2);
+        }
+        break;
+      case Op::Alias:
+        switch (in.k % 4) {
+          case 0: d = a.contiguous(); break;
+          case 1: d = a.to(torch::kFloat); break;
+          case 2: d = a.view({4, 3}); break;
+          default: d = a.add_(0.125); break;
+        }
+        break;
+      case Op::Param:
+        d = a * weight;
+        break;
+      case Op::Buffer:
+        if (!torch::GradMode::is_enabled() || !a.requires_grad()) {
+          counter.add_(a.mean(0));
+        } else {
+          counter.add_(a.detach().mean(0));
+        }
+        break;
+      case Op::Dropout:
+        d = drop->forward(a);
+        break;
+      case Op::BatchNorm:
+        d = bn->forward(a);
+        break;
+      case Op::Random:
+        d = in.k % 2 == 0 ? a + torch::rand_like(a) : a * torch::bernoulli(torch::full({4, 3}, 0.5));
+        break;
+      case Op::ReadBranch: {
+        bool taken;
+        if (in.k % 3 == 0) {
+          taken = n[i].item<int64_t>() > 0;
+        } else if (in.k % 3 == 1) {
+          taken = (n[i] > 1).is_nonzero();
+        } else {
+          taken = torch::equal(n[i], n[(i + 1) % kReads]);
+        }
+        d = taken ? d + 1 : d * 0.5;
+        break;
+      }
+      case Op::ReadNumber: {
+        const int64_t v = n[i].item<int64_t>();
+        if (in.k % 2 == 0) {
+          d = d * static_cast<double>(v + 1);
+        } else {
+          d.add_(static_cast<double>(v));
+        }
+        break;
+      }
+      case Op::ReadData:
+        if ((a.sum() > 0).item<bool>()) {
+          d = d + a;
+        } else {
+          d = d.neg();
+        }
+        break;
+      case Op::Loop:
+        for (int j = 0; j < in.k; ++j) run(in.body, r, n, offset + j);
+        break;
+    }
+  }
+
+  Program program;
+  torch::Tensor weight, counter;
+  torch::nn::BatchNorm1d bn{nullptr};
+  torch::nn::Dropout drop{nullptr};
+};
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : fallback;
+}
+
+class Fuzz : public ::testing::TestWithParam<std::string> {};
+
+const char* const kInvalid = "invalid";
+
+// Runs one program; returns "" or what differed (kInvalid: eager itself throws).
+std::string check_program(const std::string& backend, uint64_t seed, int calls) {
+  Generator gen(seed);
+  Program p = gen.program();
+  auto eager_net = std::make_shared<FuzzNet>(p);
+  auto compiled_net = std::make_shared<FuzzNet>(p);
+  eager_net->train(p.training);
+  compiled_net->train(p.training);
+  std::optional<torch::NoGradGuard> no_grad;
+  if (!p.grad) no_grad.emplace();
+  auto fast = torch::compile(compiled_net, backend);
+  const bool exact = backend == "eager";
+  std::mt19937_64 values(seed * 7919 + 1);
+  for (int call = 0; call < calls; ++call) {
+    // Branch values: new ones early, repeats later (known continuations).
+    auto n = torch::empty({kReads}, torch::kLong);
+    for (int k = 0; k < kReads; ++k) n[k] = static_cast<int64_t>(values() % 3);
+    torch::manual_seed(seed + call);
+    auto x = torch::randn({4, 3});
+    auto x_eager = x.clone(), x_compiled = x.clone();
+
+    torch::manual_seed(1000 + call);
+    std::vector<torch::Tensor> expected;
+    try {
+      expected = eager_net->forward(x_eager, n);
+    } catch (const std::exception&) {
+      return kInvalid;  // the program itself is not valid LibTorch (e.g. an overlapping in-place add)
+    }
+    auto eager_next = torch::rand({2});
+    torch::manual_seed(1000 + call);
+    std::vector<torch::Tensor> actual;
+    try {
+      actual = fast(x_compiled, n);
+    } catch (const std::exception& e) {
+      return "call " + std::to_string(call) + " threw: " + e.what();
+    }
+    auto compiled_next = torch::rand({2});
+
+    auto same = [&](const torch::Tensor& e, const torch::Tensor& a) {
+      return exact ? tensors_equal(e, a) : tensors_close(e, a, 1e-5, 1e-6);
+    };
+    std::ostringstream why;
+    if (expected.size() != actual.size()) why << "output count " << actual.size() << " vs " << expected.size();
+    for (size_t o = 0; why.str().empty() && o < expected.size(); ++o)
+      if (auto r = same(expected[o], actual[o]); !r) why << "output " << o << ": " << r.message();
+    if (why.str().empty())
+      if (auto r = same(x_eager, x_compiled); !r) why << "input x after the call: " << r.message();
+    if (why.str().empty())
+      if (auto r = tensors_equal(eager_next, compiled_next); !r) why << "random generator state: " << r.message();
+    auto eager_buffers = eager_net->named_buffers();
+    for (const auto& b : compiled_net->named_buffers())
+      if (why.str().empty())
+        if (auto r = same(eager_buffers[b.key()], b.value()); !r)
+          why << "buffer " << b.key() << ": " << r.message() << "\neager:\n" << eager_buffers[b.key()] << "\ncompiled:\n"
+              << b.value();
+    if (!why.str().empty()) {
+      std::ostringstream values_read;
+      for (int k = 0; k < kReads; ++k) values_read << (k ? "," : "") << n[k].item<int64_t>();
+      return "call " + std::to_string(call) + " n=" + values_read.str() + ": " + why.str();
+    }
+  }
+  return "";
+}
+
+TEST_P(Fuzz, RandomForwardsWithGraphBreaksMatchEager) {
+  const int programs = env_int("TORCHCOMPILE_FUZZ_PROGRAMS", 1000);
+  const int seed = env_int("TORCHCOMPILE_FUZZ_SEED", 1);
+  const int calls = env_int("TORCHCOMPILE_FUZZ_CALLS", 10);
+  int failures = 0, invalid = 0;
+  const bool quiet = std::getenv("TORCHCOMPILE_LOGS") == nullptr;
+  if (quiet) ::testing::internal::CaptureStderr();  // the cache-limit warnings of number-keyed breaks
+  for (int k = 0; k < programs && failures < 3; ++k) {
+    const uint64_t s = static_cast<uint64_t>(seed) + k;
+    std::string why = check_program(GetParam(), s, calls);
+    if (why.empty()) continue;
+    if (why == kInvalid) {
+      ++invalid;
+      continue;
+    }
+    ++failures;
+    ADD_FAILURE() << "backend " << GetParam() << ", TORCHCOMPILE_FUZZ_SEED=" << s << ": " << why << "\nprogram:\n"
+                  << Generator(s).program().text;
+  }
+  if (quiet) ::testing::internal::GetCapturedStderr();
+  EXPECT_LT(invalid, programs / 10 + 1) << "too many generated programs are not valid LibTorch";
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Fuzz, ::testing::Values("eager", "aot_eager", "default"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+}  // namespace
