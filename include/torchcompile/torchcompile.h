@@ -10,6 +10,15 @@
 // result under guards; later calls that pass the guards run the compiled graph without executing
 // the C++ forward at all. Host-side effects of the forward (printing, counters) therefore happen
 // on tracing calls only, as with torch.jit.trace.
+//
+// Signatures: a forward takes tensors, std::vector<at::Tensor>, c10::optional<at::Tensor>,
+// bool / integer / floating-point / enum values (specialized: a new value is a new cache entry),
+// and std::tuple / std::pair of these, nested (an LSTM's (h, c) state); it returns at::Tensor or
+// c10::optional / std::vector / std::tuple / std::pair of returnable types, nested. A user
+// struct is passed and returned once its fields are registered (torchcompile::Fields,
+// TORCHCOMPILE_FIELDS below). Any other type is a compile error naming torch::compile and the
+// type. Lambdas may be `mutable` or move-only: the compiled object owns the one callable and
+// calls it in place, so its state persists across calls (it runs on tracing calls only).
 #pragma once
 
 #include <torchcompile/aot.h>
@@ -24,6 +33,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -32,19 +42,281 @@
 #include <utility>
 #include <vector>
 
+/// `TORCHCOMPILE_FIELDS(Type, field1, field2, ...);` at namespace scope, in the namespace of
+/// `Type` (up to 16 fields): makes `Type` returnable by (and passable to) a compiled forward,
+/// its fields flattened in the order listed. See torchcompile::Fields.
+#define TORCHCOMPILE_FIELDS(Type, ...)                                                              \
+  inline auto torchcompile_fields(Type& torchcompile_fields_object) {                               \
+    return std::tie(TORCHCOMPILE_DETAIL_CAT(TORCHCOMPILE_DETAIL_FIELD_,                             \
+                                            TORCHCOMPILE_DETAIL_NARGS(__VA_ARGS__))(                \
+        torchcompile_fields_object, __VA_ARGS__));                                                  \
+  }                                                                                                 \
+  static_assert(true, "")
+
+#define TORCHCOMPILE_DETAIL_CAT(a, b) TORCHCOMPILE_DETAIL_CAT_(a, b)
+#define TORCHCOMPILE_DETAIL_CAT_(a, b) a##b
+#define TORCHCOMPILE_DETAIL_NARGS(...) \
+  TORCHCOMPILE_DETAIL_NARGS_(__VA_ARGS__, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+#define TORCHCOMPILE_DETAIL_NARGS_(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, n, ...) n
+#define TORCHCOMPILE_DETAIL_FIELD_1(o, a) o.a
+#define TORCHCOMPILE_DETAIL_FIELD_2(o, a, ...) o.a, TORCHCOMPILE_DETAIL_FIELD_1(o, __VA_ARGS__)
+#define TORCHCOMPILE_DETAIL_FIELD_3(o, a, ...) o.a, TORCHCOMPILE_DETAIL_FIELD_2(o, __VA_ARGS__)
+#define TORCHCOMPILE_DETAIL_FIELD_4(o, a, ...) o.a, TORCHCOMPILE_DETAIL_FIELD_3(o, __VA_ARGS__)
+#define TORCHCOMPILE_DETAIL_FIELD_5(o, a, ...) o.a, TORCHCOMPILE_DETAIL_FIELD_4(o, __VA_ARGS__)
+#define TORCHCOMPILE_DETAIL_FIELD_6(o, a, ...) o.a, TORCHCOMPILE_DETAIL_FIELD_5(o, __VA_ARGS__)
+#define TORCHCOMPILE_DETAIL_FIELD_7(o, a, ...) o.a, TORCHCOMPILE_DETAIL_FIELD_6(o, __VA_ARGS__)
+#define TORCHCOMPILE_DETAIL_FIELD_8(o, a, ...) o.a, TORCHCOMPILE_DETAIL_FIELD_7(o, __VA_ARGS__)
+#define TORCHCOMPILE_DETAIL_FIELD_9(o, a, ...) o.a, TORCHCOMPILE_DETAIL_FIELD_8(o, __VA_ARGS__)
+#define TORCHCOMPILE_DETAIL_FIELD_10(o, a, ...) o.a, TORCHCOMPILE_DETAIL_FIELD_9(o, __VA_ARGS__)
+#define TORCHCOMPILE_DETAIL_FIELD_11(o, a, ...) o.a, TORCHCOMPILE_DETAIL_FIELD_10(o, __VA_ARGS__)
+#define TORCHCOMPILE_DETAIL_FIELD_12(o, a, ...) o.a, TORCHCOMPILE_DETAIL_FIELD_11(o, __VA_ARGS__)
+#define TORCHCOMPILE_DETAIL_FIELD_13(o, a, ...) o.a, TORCHCOMPILE_DETAIL_FIELD_12(o, __VA_ARGS__)
+#define TORCHCOMPILE_DETAIL_FIELD_14(o, a, ...) o.a, TORCHCOMPILE_DETAIL_FIELD_13(o, __VA_ARGS__)
+#define TORCHCOMPILE_DETAIL_FIELD_15(o, a, ...) o.a, TORCHCOMPILE_DETAIL_FIELD_14(o, __VA_ARGS__)
+#define TORCHCOMPILE_DETAIL_FIELD_16(o, a, ...) o.a, TORCHCOMPILE_DETAIL_FIELD_15(o, __VA_ARGS__)
+
 namespace torchcompile {
 
-namespace detail {
+/// Customization point: makes a user struct returnable by a compiled forward (and passable as
+/// an argument). Specialize it with a static `get` returning a `std::tuple` of references to
+/// the fields, as `std::tie` does:
+///
+///     struct VAEOutput { torch::Tensor recon, mu, log_var; };
+///     template <> struct torchcompile::Fields<VAEOutput> {     // at global namespace scope
+///       static auto get(VAEOutput& o) { return std::tie(o.recon, o.mu, o.log_var); }
+///     };
+///
+/// or, in the namespace of the struct, `TORCHCOMPILE_FIELDS(VAEOutput, recon, mu, log_var);`.
+/// The fields are flattened in that order and may be of any returnable type (at::Tensor,
+/// c10::optional, std::vector, std::tuple, std::pair, other registered structs). A returned
+/// struct is rebuilt by value-initializing it (`T{}`) and assigning the fields, so it must be
+/// default-constructible. Register the struct before the compiled object is first called.
+template <typename T, typename = void>
+struct Fields {};
 
-// ---- arguments -------------------------------------------------------------------------------
+/// What TORCHCOMPILE_FIELDS defines: `torchcompile_fields(T&)`, found by argument-dependent
+/// lookup in the namespace of T.
+template <typename T>
+struct Fields<T, std::void_t<decltype(torchcompile_fields(std::declval<T&>()))>> {
+  static auto get(T& o) { return torchcompile_fields(o); }
+};
+
+namespace detail {
 
 template <typename T>
 struct dependent_false : std::false_type {};
 
+// ---- structure: tuples, pairs and registered structs ------------------------------------------
+//
+// A composite is visited part by part, in order; `Parts` is a std::tuple of the part types.
+
+template <typename T, typename = void>
+struct has_fields : std::false_type {};
+template <typename T>
+struct has_fields<T, std::void_t<decltype(Fields<T>::get(std::declval<T&>()))>> : std::true_type {};
+
+template <typename Tuple>
+struct decay_parts;
+template <typename... Es>
+struct decay_parts<std::tuple<Es...>> {
+  using type = std::tuple<std::decay_t<Es>...>;
+};
+
+template <typename T, typename = void>
+struct Composite : std::false_type {};
+
+template <typename... Ts>
+struct Composite<std::tuple<Ts...>> : std::true_type {
+  using Parts = std::tuple<Ts...>;
+  template <typename V, typename F>
+  static void each(V& v, F&& f) {
+    std::apply([&](auto&... e) { (f(e), ...); }, v);
+  }
+};
+
+template <typename A, typename B>
+struct Composite<std::pair<A, B>> : std::true_type {
+  using Parts = std::tuple<A, B>;
+  template <typename V, typename F>
+  static void each(V& v, F&& f) {
+    f(v.first);
+    f(v.second);
+  }
+};
+
+template <typename T>
+struct Composite<T, std::enable_if_t<has_fields<T>::value>> : std::true_type {
+  using Parts = typename decay_parts<std::decay_t<decltype(Fields<T>::get(std::declval<T&>()))>>::type;
+  // `get` takes a T&; for a const value the fields are only read.
+  template <typename V, typename F>
+  static void each(V& v, F&& f) {
+    std::apply([&](auto&... e) { (f(e), ...); }, Fields<T>::get(const_cast<T&>(v)));
+  }
+};
+
+template <typename T>
+struct is_vector : std::false_type {};
+template <typename E>
+struct is_vector<std::vector<E>> : std::true_type {};
+
+template <typename T>
+struct is_optional : std::false_type {};
+template <typename E>
+struct is_optional<c10::optional<E>> : std::true_type {};
+
+/// How an argument is kept by value: decayed, and tuples and pairs of references (std::tie,
+/// std::forward_as_tuple) become tuples and pairs of values.
+template <typename T>
+struct storage {
+  using type = std::decay_t<T>;
+};
+template <typename... Ts>
+struct storage<std::tuple<Ts...>> {
+  using type = std::tuple<typename storage<std::decay_t<Ts>>::type...>;
+};
+template <typename A, typename B>
+struct storage<std::pair<A, B>> {
+  using type = std::pair<typename storage<std::decay_t<A>>::type, typename storage<std::decay_t<B>>::type>;
+};
+template <typename T>
+using storage_t = typename storage<std::decay_t<T>>::type;
+
+// ---- what may be passed and returned, with errors naming the type -----------------------------
+//
+// Each entry point checks its signature before instantiating anything else; an unsupported
+// type instantiates one of the templates below, so the compiler's "In instantiation of ..."
+// line names the innermost offending type next to the message.
+
+template <typename T>
+struct cannot_pass_to_torch_compile {
+  static_assert(dependent_false<T>::value,
+                "torch::compile: unsupported forward argument type T (T is named in the instantiation of "
+                "cannot_pass_to_torch_compile<T>). A compiled forward takes at::Tensor, std::vector<at::Tensor>, "
+                "c10::optional<at::Tensor>, c10::nullopt, bool, integer, floating-point and enum values, and "
+                "std::tuple / std::pair / registered structs (TORCHCOMPILE_FIELDS, torchcompile::Fields) of these, "
+                "nested");
+  static constexpr bool value = false;
+};
+
+template <typename T>
+struct cannot_return_from_torch_compile {
+  static_assert(dependent_false<T>::value,
+                "torch::compile: unsupported forward result type T (T is named in the instantiation of "
+                "cannot_return_from_torch_compile<T>). A compiled forward returns at::Tensor, or c10::optional / "
+                "std::vector / std::tuple / std::pair of returnable types, nested. To return a struct of these, make "
+                "it default-constructible and register its fields: TORCHCOMPILE_FIELDS(Type, field1, field2, ...); in "
+                "its namespace, or a torchcompile::Fields<Type> specialization (see torchcompile.h)");
+  static constexpr bool value = false;
+};
+
+template <typename T>
+struct cannot_pass_to_torchcompile_call {
+  static_assert(dependent_false<T>::value,
+                "torchcompile::call: unsupported module argument type T (T is named in the instantiation of "
+                "cannot_pass_to_torchcompile_call<T>). Module arguments are at::Tensor, std::vector<at::Tensor>, "
+                "c10::optional<at::Tensor>, c10::nullopt, arithmetic, enum and std::string values, and std::tuple / "
+                "std::pair / registered structs (TORCHCOMPILE_FIELDS, torchcompile::Fields) of these, nested");
+  static constexpr bool value = false;
+};
+
+template <typename T>
+struct cannot_return_from_torchcompile_call {
+  static_assert(dependent_false<T>::value,
+                "torchcompile::call: unsupported module result type T (T is named in the instantiation of "
+                "cannot_return_from_torchcompile_call<T>). A forward called through the module call boundary "
+                "returns at::Tensor, or c10::optional / std::vector / std::tuple / std::pair of returnable types, "
+                "nested, or a default-constructible struct registered with TORCHCOMPILE_FIELDS(Type, field...) or "
+                "torchcompile::Fields<Type>");
+  static constexpr bool value = false;
+};
+
+template <typename Forward, typename... Args>
+struct forward_not_callable_with {
+  static_assert(dependent_false<Forward>::value,
+                "torch::compile: the compiled forward cannot be called with these arguments (their types are "
+                "named in the instantiation of forward_not_callable_with<Forward, Args...>)");
+  static constexpr bool value = false;
+};
+
+template <typename M, typename... Args>
+struct module_forward_not_callable_with {
+  static_assert(dependent_false<M>::value,
+                "torchcompile::call: the module's forward cannot be called with these arguments (their types are "
+                "named in the instantiation of module_forward_not_callable_with<Module, Args...>)");
+  static constexpr bool value = false;
+};
+
+/// Which entry point checks a signature: torch::compile or torchcompile::call.
+enum class Site { Compile, Call };
+
+template <Site S, typename T>
+inline constexpr bool is_leaf_arg_v =
+    std::is_same_v<T, at::Tensor> || std::is_same_v<T, std::vector<at::Tensor>> ||
+    std::is_same_v<T, c10::optional<at::Tensor>> || std::is_same_v<T, c10::nullopt_t> || std::is_arithmetic_v<T> ||
+    std::is_enum_v<T> || (S == Site::Call && std::is_same_v<T, std::string>);
+
+template <Site S, bool Diagnose, typename T>
+constexpr bool check_arg();
+template <Site S, bool Diagnose, typename... Ts>
+constexpr bool check_arg_parts(std::tuple<Ts...>*) {
+  return (check_arg<S, Diagnose, Ts>() & ... & true);
+}
+/// Whether T (a storage type) may be passed; with Diagnose, an unsupported part is a compile error.
+template <Site S, bool Diagnose, typename T>
+constexpr bool check_arg() {
+  if constexpr (Composite<T>::value) {
+    return check_arg_parts<S, Diagnose>(static_cast<typename Composite<T>::Parts*>(nullptr));
+  } else if constexpr (is_leaf_arg_v<S, T>) {
+    return true;
+  } else if constexpr (!Diagnose) {
+    return false;
+  } else if constexpr (S == Site::Compile) {
+    return cannot_pass_to_torch_compile<T>::value;
+  } else {
+    return cannot_pass_to_torchcompile_call<T>::value;
+  }
+}
+
+template <Site S, bool Diagnose, typename T>
+constexpr bool check_result();
+template <Site S, bool Diagnose, typename... Ts>
+constexpr bool check_result_parts(std::tuple<Ts...>*) {
+  return (check_result<S, Diagnose, Ts>() & ... & true);
+}
+/// Whether T may be returned; with Diagnose, an unsupported part is a compile error.
+template <Site S, bool Diagnose, typename T>
+constexpr bool check_result() {
+  if constexpr (std::is_same_v<T, at::Tensor>) {
+    return true;
+  } else if constexpr (is_vector<T>::value || is_optional<T>::value) {
+    return check_result<S, Diagnose, typename T::value_type>();
+  } else if constexpr (Composite<T>::value && (!has_fields<T>::value || std::is_default_constructible_v<T>)) {
+    return check_result_parts<S, Diagnose>(static_cast<typename Composite<T>::Parts*>(nullptr));
+  } else if constexpr (!Diagnose) {
+    return false;
+  } else if constexpr (S == Site::Compile) {
+    return cannot_return_from_torch_compile<T>::value;
+  } else {
+    return cannot_return_from_torchcompile_call<T>::value;
+  }
+}
+
+/// What a rejected call returns, so that the static_assert above is the only error: converts
+/// to anything (never defined: the program does not compile).
+struct Rejected {
+  template <typename T>
+  operator T() const;
+};
+
+// ---- arguments -------------------------------------------------------------------------------
+
+/// Appends an argument (already checked) to the call's flattened arguments.
 template <typename T>
 void add_arg(runtime::CallArgs& ca, const T& v) {
   using D = std::decay_t<T>;
-  if constexpr (std::is_same_v<D, at::Tensor>) {
+  if constexpr (Composite<D>::value) {
+    Composite<D>::each(v, [&](const auto& e) { add_arg(ca, e); });
+  } else if constexpr (std::is_same_v<D, at::Tensor>) {
     ca.add(v);
   } else if constexpr (std::is_same_v<D, std::vector<at::Tensor>>) {
     ca.add(v);
@@ -54,24 +326,24 @@ void add_arg(runtime::CallArgs& ca, const T& v) {
     ca.add(c10::optional<at::Tensor>());
   } else if constexpr (std::is_same_v<D, bool>) {
     ca.add(static_cast<bool>(v));
-  } else if constexpr (std::is_integral_v<D>) {
+  } else if constexpr (std::is_integral_v<D> || std::is_enum_v<D>) {
     ca.add(static_cast<int64_t>(v));
   } else if constexpr (std::is_floating_point_v<D>) {
     ca.add(static_cast<double>(v));
   } else {
-    static_assert(dependent_false<D>::value,
-                  "torch::compile: forward arguments must be at::Tensor, std::vector<at::Tensor>, "
-                  "c10::optional<at::Tensor>, or an integer, floating-point or bool value");
+    static_assert(dependent_false<D>::value, "torch::compile: unsupported forward argument type (unchecked)");
   }
 }
 
 // ---- results ---------------------------------------------------------------------------------
+//
+// Results are flattened to tensors in order; the structure that depends on the values (vector
+// lengths, optional presence as a length of 0 or 1) goes to OutputSpec::list_sizes. Undefined
+// tensors pass through unchanged.
 
-template <typename T>
+template <typename T, typename = void>
 struct OutputCodec {
-  static_assert(dependent_false<T>::value,
-                "torch::compile: forward must return at::Tensor, std::vector<at::Tensor>, or a "
-                "std::tuple / std::pair of those");
+  static_assert(dependent_false<T>::value, "torch::compile: unsupported forward result type (unchecked)");
 };
 
 template <>
@@ -82,19 +354,32 @@ struct OutputCodec<at::Tensor> {
   }
 };
 
-template <>
-struct OutputCodec<std::vector<at::Tensor>> {
-  static void flatten(const std::vector<at::Tensor>& ts, std::vector<at::Tensor>& out, runtime::OutputSpec& spec) {
-    spec.list_sizes.push_back(ts.size());
-    out.insert(out.end(), ts.begin(), ts.end());
+template <typename E>
+struct OutputCodec<std::vector<E>> {
+  static void flatten(const std::vector<E>& v, std::vector<at::Tensor>& out, runtime::OutputSpec& spec) {
+    spec.list_sizes.push_back(v.size());
+    for (const E& e : v) OutputCodec<E>::flatten(e, out, spec);
   }
-  static std::vector<at::Tensor> unflatten(std::vector<at::Tensor>& flat, size_t& pos, const runtime::OutputSpec& spec,
-                                           size_t& list_pos) {
+  static std::vector<E> unflatten(std::vector<at::Tensor>& flat, size_t& pos, const runtime::OutputSpec& spec,
+                                  size_t& list_pos) {
     const size_t n = spec.list_sizes.at(list_pos++);
-    std::vector<at::Tensor> r;
+    std::vector<E> r;
     r.reserve(n);
-    for (size_t i = 0; i < n; ++i) r.push_back(std::move(flat.at(pos++)));
+    for (size_t i = 0; i < n; ++i) r.push_back(OutputCodec<E>::unflatten(flat, pos, spec, list_pos));
     return r;
+  }
+};
+
+template <typename E>
+struct OutputCodec<c10::optional<E>> {
+  static void flatten(const c10::optional<E>& v, std::vector<at::Tensor>& out, runtime::OutputSpec& spec) {
+    spec.list_sizes.push_back(v.has_value() ? 1 : 0);
+    if (v.has_value()) OutputCodec<E>::flatten(*v, out, spec);
+  }
+  static c10::optional<E> unflatten(std::vector<at::Tensor>& flat, size_t& pos, const runtime::OutputSpec& spec,
+                                    size_t& list_pos) {
+    if (spec.list_sizes.at(list_pos++) == 0) return c10::nullopt;
+    return OutputCodec<E>::unflatten(flat, pos, spec, list_pos);
   }
 };
 
@@ -124,18 +409,30 @@ struct OutputCodec<std::pair<A, B>> {
   }
 };
 
+/// A registered struct: its fields in order; rebuilt from a value-initialized T.
+template <typename T>
+struct OutputCodec<T, std::enable_if_t<has_fields<T>::value>> {
+  static void flatten(const T& v, std::vector<at::Tensor>& out, runtime::OutputSpec& spec) {
+    Composite<T>::each(v, [&](const auto& e) { OutputCodec<std::decay_t<decltype(e)>>::flatten(e, out, spec); });
+  }
+  static T unflatten(std::vector<at::Tensor>& flat, size_t& pos, const runtime::OutputSpec& spec, size_t& list_pos) {
+    T r{};
+    Composite<T>::each(r, [&](auto& e) {
+      e = OutputCodec<std::decay_t<decltype(e)>>::unflatten(flat, pos, spec, list_pos);
+    });
+    return r;
+  }
+};
+
 // ---- arguments of a module call, as tensors and a skeleton --------------------------------------
 //
 // The call boundary shows hooks the tensors of a call and rebuilds the arguments from the
 // (possibly replaced) tensors: `flatten` appends an argument's tensors, `strip` drops them
 // from a copy kept by an opaque call_module node (the skeleton), `rebuild` refills a copy.
 
-template <typename T>
+/// Values without tensors (scalars, strings, nullopt): nothing to flatten.
+template <typename T, typename = void>
 struct ArgCodec {
-  static_assert(std::is_arithmetic_v<T> || std::is_enum_v<T> || std::is_same_v<T, std::string> ||
-                    std::is_same_v<T, c10::nullopt_t>,
-                "torchcompile::call: module arguments must be at::Tensor, std::vector<at::Tensor>, "
-                "c10::optional<at::Tensor>, or an arithmetic, enum or std::string value");
   static void flatten(const T&, std::vector<at::Tensor>&) {}
   static void strip(T&) {}
   static void rebuild(T&, const std::vector<at::Tensor>&, size_t&) {}
@@ -179,25 +476,40 @@ struct ArgCodec<c10::optional<at::Tensor>> {
   }
 };
 
+/// Tuples, pairs and registered structs: their parts in order.
+template <typename T>
+struct ArgCodec<T, std::enable_if_t<Composite<T>::value>> {
+  static void flatten(const T& v, std::vector<at::Tensor>& out) {
+    Composite<T>::each(v, [&](const auto& e) { ArgCodec<std::decay_t<decltype(e)>>::flatten(e, out); });
+  }
+  static void strip(T& v) {
+    Composite<T>::each(v, [](auto& e) { ArgCodec<std::decay_t<decltype(e)>>::strip(e); });
+  }
+  static void rebuild(T& v, const std::vector<at::Tensor>& flat, size_t& pos) {
+    Composite<T>::each(v, [&](auto& e) { ArgCodec<std::decay_t<decltype(e)>>::rebuild(e, flat, pos); });
+  }
+};
+
 template <typename Tuple>
 std::vector<at::Tensor> flatten_args(const Tuple& args) {
   std::vector<at::Tensor> out;
-  std::apply([&](const auto&... a) { (ArgCodec<std::decay_t<decltype(a)>>::flatten(a, out), ...); }, args);
+  ArgCodec<Tuple>::flatten(args, out);
   return out;
 }
 
 template <typename Tuple>
 void strip_args(Tuple& args) {
-  std::apply([](auto&... a) { (ArgCodec<std::decay_t<decltype(a)>>::strip(a), ...); }, args);
+  ArgCodec<Tuple>::strip(args);
 }
 
 template <typename Tuple>
 void rebuild_args(Tuple& args, const std::vector<at::Tensor>& flat) {
   size_t pos = 0;
-  std::apply([&](auto&... a) { (ArgCodec<std::decay_t<decltype(a)>>::rebuild(a, flat, pos), ...); }, args);
+  ArgCodec<Tuple>::rebuild(args, flat, pos);
 }
 
 /// A CallBody calling `fn(args...)` with `skeleton`'s arguments refilled from the tensors.
+/// `fn` is copied into the body (pass a std::reference_wrapper to call an object in place).
 template <typename R, typename Fn, typename Tuple>
 runtime::CallBody make_body(Fn fn, Tuple skeleton) {
   return [fn = std::move(fn), skeleton = std::move(skeleton)](const std::vector<at::Tensor>& inputs,
@@ -210,16 +522,27 @@ runtime::CallBody make_body(Fn fn, Tuple skeleton) {
   };
 }
 
-template <typename... Ts>
-std::tuple<std::decay_t<Ts>...> decay_tuple(const std::tuple<Ts...>& t) {
-  return std::apply([](const auto&... x) { return std::tuple<std::decay_t<Ts>...>(x...); }, t);
-}
-
 template <typename R>
 R unflatten_result(std::vector<at::Tensor>& flat, const runtime::OutputSpec& spec) {
   size_t pos = 0, list_pos = 0;
   return OutputCodec<R>::unflatten(flat, pos, spec, list_pos);
 }
+
+/// Whether `F` can be called with lvalues of a tuple's elements.
+template <typename F, typename Tuple>
+struct invocable_with_tuple : std::false_type {};
+template <typename F, typename... Ts>
+struct invocable_with_tuple<F, std::tuple<Ts...>> : std::is_invocable<F, Ts&...> {};
+
+/// The result type of calling `F` with lvalues of the arguments' storage types, decayed.
+template <typename F, typename... Args>
+using call_result_t = std::decay_t<std::invoke_result_t<F&, storage_t<Args>&...>>;
+
+template <typename M, typename = void, typename... Args>
+struct has_forward : std::false_type {};
+template <typename M, typename... Args>
+struct has_forward<M, std::void_t<decltype(std::declval<M&>().forward(std::declval<Args&>()...))>, Args...>
+    : std::true_type {};
 
 // ---- what gets called ------------------------------------------------------------------------
 
@@ -251,24 +574,21 @@ class Compiled {
 
   template <typename... Args>
   auto operator()(Args&&... args) {
-    using R = decltype(callable_(args...));
-    using Skeleton = std::tuple<std::decay_t<Args>...>;
-    runtime::OutputSpec spec;
-    std::vector<at::Tensor> flat;
-    const std::shared_ptr<torch::nn::Module>& root = state_->root_ptr();
-    if (root && runtime::hooks_run_outside(*root)) {
-      // The root's hooks are not all traceable: they run on every call with the real tensors,
-      // around the compiled graph of its forward.
-      runtime::CallBody compiled = [&](const std::vector<at::Tensor>& inputs, runtime::OutputSpec& s) {
-        Skeleton a(args...);
-        detail::rebuild_args(a, inputs);
-        return call_state(a, s);
-      };
-      flat = runtime::run_with_hooks(*root, detail::flatten_args(Skeleton(args...)), compiled, spec);
+    // The signature is checked first, so that an unsupported type gives one error naming it.
+    if constexpr (!(detail::check_arg<detail::Site::Compile, false, detail::storage_t<Args>>() && ...)) {
+      (detail::check_arg<detail::Site::Compile, true, detail::storage_t<Args>>(), ...);
+      return detail::Rejected{};
+    } else if constexpr (!std::is_invocable_v<Callable&, detail::storage_t<Args>&...> ||
+                         !std::is_invocable_v<Callable&, Args&...>) {
+      (void)detail::forward_not_callable_with<Callable, detail::storage_t<Args>...>::value;
+      return detail::Rejected{};
+    } else if constexpr (!detail::check_result<detail::Site::Compile, false,
+                                               detail::call_result_t<Callable, Args...>>()) {
+      detail::check_result<detail::Site::Compile, true, detail::call_result_t<Callable, Args...>>();
+      return detail::Rejected{};
     } else {
-      flat = call_state(std::forward_as_tuple(args...), spec);
+      return invoke<detail::call_result_t<Callable, Args...>>(args...);
     }
-    return detail::unflatten_result<R>(flat, spec);
   }
 
   /// Same as operator().
@@ -283,12 +603,32 @@ class Compiled {
   runtime::CompiledFunction& state() const { return *state_; }
 
  private:
+  template <typename R, typename... Args>
+  R invoke(Args&... args) {
+    using Skeleton = std::tuple<detail::storage_t<Args>...>;
+    runtime::OutputSpec spec;
+    std::vector<at::Tensor> flat;
+    const std::shared_ptr<torch::nn::Module>& root = state_->root_ptr();
+    if (root && runtime::hooks_run_outside(*root)) {
+      // The root's hooks are not all traceable: they run on every call with the real tensors,
+      // around the compiled graph of its forward.
+      runtime::CallBody compiled = [&](const std::vector<at::Tensor>& inputs, runtime::OutputSpec& s) {
+        Skeleton a(args...);
+        detail::rebuild_args(a, inputs);
+        return call_state<R>(a, s);
+      };
+      flat = runtime::run_with_hooks(*root, detail::flatten_args(Skeleton(args...)), compiled, spec);
+    } else {
+      flat = call_state<R>(std::forward_as_tuple(args...), spec);
+    }
+    return detail::unflatten_result<R>(flat, spec);
+  }
+
   // One call of the cached, compiled forward with the arguments in `a` (a tuple).
-  template <typename Tuple>
+  template <typename R, typename Tuple>
   std::vector<at::Tensor> call_state(const Tuple& a, runtime::OutputSpec& spec) {
-    using R = decltype(std::apply(callable_, a));
     runtime::CallArgs ca;
-    std::apply([&](const auto&... x) { (detail::add_arg(ca, x), ...); }, a);
+    detail::add_arg(ca, a);
     // Runs the forward when the runtime needs it: to trace, to retrace a new branch, eagerly,
     // or twice in verify mode, so the arguments are passed as lvalues (never moved from).
     runtime::ForwardFn forward = [&](runtime::OutputSpec& s) {
@@ -299,9 +639,20 @@ class Compiled {
         return out;
       }
       // A module root goes through the call boundary: its traceable hooks are traced with it,
-      // and its ops get their module paths.
-      auto skeleton = detail::decay_tuple(a);
-      return runtime::call_module(root, detail::flatten_args(skeleton), detail::make_body<R>(callable_, skeleton), s);
+      // and its ops get their module paths. An opaque call_module node (a leaf root) keeps the
+      // body, so a copyable callable is copied into it; a mutable or move-only one (never a
+      // module root in practice) is referenced, keeping its one state.
+      using Skeleton = detail::storage_t<Tuple>;
+      Skeleton skeleton(a);
+      std::vector<at::Tensor> inputs = detail::flatten_args(skeleton);
+      runtime::CallBody body;
+      if constexpr (std::is_copy_constructible_v<Callable> &&
+                    detail::invocable_with_tuple<const Callable&, Skeleton>::value) {
+        body = detail::make_body<R>(callable_, std::move(skeleton));
+      } else {
+        body = detail::make_body<R>(std::ref(callable_), std::move(skeleton));
+      }
+      return runtime::call_module(root, std::move(inputs), body, s);
     };
     return state_->call(ca, forward, spec);
   }
@@ -361,16 +712,32 @@ std::shared_ptr<Impl> module_shared(const torch::nn::ModuleHolder<Impl>& h) {
 ///     torch::Tensor forward(torch::Tensor x) { return torchcompile::call(fc2, torchcompile::call(fc1, x).relu()); }
 template <typename M, typename... Args>
 auto call(const M& module, Args&&... args) {
-  auto m = detail::module_shared(module);
-  using R = decltype(m->forward(std::declval<std::decay_t<Args>&>()...));
-  if (runtime::call_is_plain(*m)) return R(m->forward(std::forward<Args>(args)...));
-  std::tuple<std::decay_t<Args>...> skeleton(args...);
-  std::vector<at::Tensor> inputs = detail::flatten_args(skeleton);
-  detail::strip_args(skeleton);  // an opaque call_module node keeps the body: no tensors in it
-  auto forward = [m](auto&... a) -> R { return m->forward(a...); };
-  runtime::OutputSpec spec;
-  std::vector<at::Tensor> flat = runtime::call_module(m, std::move(inputs), detail::make_body<R>(forward, skeleton), spec);
-  return detail::unflatten_result<R>(flat, spec);
+  using Impl = typename decltype(detail::module_shared(module))::element_type;
+  using detail::Site;
+  if constexpr (!(detail::check_arg<Site::Call, false, detail::storage_t<Args>>() && ...)) {
+    (detail::check_arg<Site::Call, true, detail::storage_t<Args>>(), ...);
+    return detail::Rejected{};
+  } else if constexpr (!detail::has_forward<Impl, void, detail::storage_t<Args>...>::value) {
+    (void)detail::module_forward_not_callable_with<Impl, detail::storage_t<Args>...>::value;
+    return detail::Rejected{};
+  } else {
+    auto m = detail::module_shared(module);
+    using R = std::decay_t<decltype(m->forward(std::declval<detail::storage_t<Args>&>()...))>;
+    if constexpr (!detail::check_result<Site::Call, false, R>()) {
+      detail::check_result<Site::Call, true, R>();
+      return detail::Rejected{};
+    } else {
+      if (runtime::call_is_plain(*m)) return R(m->forward(std::forward<Args>(args)...));
+      std::tuple<detail::storage_t<Args>...> skeleton(args...);
+      std::vector<at::Tensor> inputs = detail::flatten_args(skeleton);
+      detail::strip_args(skeleton);  // an opaque call_module node keeps the body: no tensors in it
+      auto forward = [m](auto&... a) -> R { return m->forward(a...); };
+      runtime::OutputSpec spec;
+      std::vector<at::Tensor> flat =
+          runtime::call_module(m, std::move(inputs), detail::make_body<R>(forward, std::move(skeleton)), spec);
+      return detail::unflatten_result<R>(flat, spec);
+    }
+  }
 }
 
 /// What torch._dynamo.explain reports: compile `target` with a recording backend, call it once

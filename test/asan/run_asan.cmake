@@ -1,0 +1,45 @@
+# Configure, build and run test_runtime (graph breaks, fuzzing, parity, signatures) and test_aot
+# with AddressSanitizer and UndefinedBehaviorSanitizer. Any UB report aborts the run
+# (-fno-sanitize-recover=undefined).
+#
+# LibTorch itself is not instrumented: its allocations are still checked through ASan's malloc
+# interceptors, but leak detection would report LibTorch's process-lifetime caches (and the
+# registries of statically initialized operators), and the ODR checker can see globals
+# defined both in the instrumented library and in LibTorch's headers, so both are off.
+# Container-overflow annotations are only meaningful when every user of a container is
+# instrumented, so that check is off too.
+foreach(var SOURCE_DIR BINARY_DIR GENERATOR)
+  if(NOT DEFINED ${var} OR "${${var}}" STREQUAL "")
+    message(FATAL_ERROR "asan: run with -D${var}=... (see test/asan/CMakeLists.txt)")
+  endif()
+endforeach()
+
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${BINARY_DIR} -G ${GENERATOR}
+                        -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER_LAUNCHER=${LAUNCHER}
+                        -DTORCHCOMPILE_SANITIZE=address,undefined
+                        -DCMAKE_CXX_FLAGS=-fno-sanitize-recover=undefined
+                        -DTORCHCOMPILE_BUILD_EXAMPLES=OFF
+                        -DTORCHCOMPILE_BUILD_BENCHMARKS=OFF
+                RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "asan: configure failed")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${BINARY_DIR} --target test_runtime test_aot RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "asan: build failed")
+endif()
+
+set(ENV{ASAN_OPTIONS}
+    "detect_leaks=0:detect_odr_violation=0:detect_container_overflow=0:halt_on_error=1:abort_on_error=0:print_summary=1")
+set(ENV{UBSAN_OPTIONS} "print_stacktrace=1:halt_on_error=1")
+
+# The parametrized suites are named Backends/Parity, Backends/Fuzz, ...: hence the leading '*'.
+execute_process(COMMAND ${BINARY_DIR}/test/test_runtime "--gtest_filter=*GraphBreaks*:*BreakDefects*:*Fuzz*:*Parity*:Signatures*"
+                RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "asan: test_runtime failed under AddressSanitizer/UBSan (exit ${rc})")
+endif()
+execute_process(COMMAND ${BINARY_DIR}/test/test_aot RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "asan: test_aot failed under AddressSanitizer/UBSan (exit ${rc})")
+endif()
