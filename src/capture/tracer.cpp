@@ -493,7 +493,6 @@ struct Tracer::Impl {
         slot_of_value.emplace(v, s);
         outputs.push_back(v);
         rec.output_slots.push_back(s);
-        rec.output_names.push_back(v.node->name());
       };
       for (const Live& l : live)
         if (!slot_of_value.count(l.value)) give_slot(l.value, l.tensor);
@@ -514,7 +513,6 @@ struct Tracer::Impl {
         uint32_t s = new_slot(gm->attribute(v.node->target()), v.node->name());
         outputs.push_back(v);
         rec.output_slots.push_back(s);
-        rec.output_names.push_back(v.node->name());
         forced_slots.push_back(s);
       }
     }

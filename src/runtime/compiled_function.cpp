@@ -64,7 +64,6 @@ struct Segment {
   CompiledFn fn;
   std::vector<uint32_t> input_slots;
   std::vector<uint32_t> output_slots;
-  std::vector<std::string> output_names;
   GraphEffects effects;                 // what running it changes: saved before, on calls that may re-run
   std::string text;                     // the graph as text: identical continuations are shared
   std::unique_ptr<BranchPoint> branch;  // null: the outputs are the call's results
@@ -387,7 +386,6 @@ std::unique_ptr<Segment> CompiledFunction::compile_chain(std::vector<capture::Se
     TORCHCOMPILE_LOG(LogKind::Graph, "torch::compile(", name_, "): captured graph:\n", seg->text);
     seg->input_slots = r.input_slots;
     seg->output_slots = r.output_slots;
-    seg->output_names = r.output_names;
     seg->effects = effects_of(*seg->gm);
     std::vector<at::Tensor> example_inputs;
     for (uint32_t s : seg->input_slots) example_inputs.push_back(slots.at(s));

@@ -60,7 +60,6 @@ struct SegmentRecord {
   std::unique_ptr<ir::GraphModule> gm;
   std::vector<uint32_t> input_slots;   ///< slot read by each placeholder, in order
   std::vector<uint32_t> output_slots;  ///< for a segment ending in a branch: slot of each output
-  std::vector<std::string> output_names;  ///< the name of each output slot (its node's name)
   std::optional<BranchRecord> branch;  ///< empty for the last segment (its outputs are results)
 };
 
