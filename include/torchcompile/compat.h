@@ -5,6 +5,7 @@
 #include <ATen/autocast_mode.h>
 #include <c10/core/DispatchKey.h>
 #include <c10/core/ScalarType.h>
+#include <c10/core/Storage.h>
 #include <torch/version.h>
 
 namespace torchcompile::compat {
@@ -28,6 +29,14 @@ constexpr c10::DispatchKey kBelowAutogradTracingKey = c10::DispatchKey::Fake;
 /// statistics (2.x routes training batch norm through ops that do, with functional variants),
 /// so functionalization cannot see that mutation: AOT rewrites it (src/aot/joint.cpp).
 constexpr bool kBatchNormHidesRunningStatMutation = TORCH_VERSION_MAJOR < 2;
+
+/// A storage's bytes, writable. LibTorch 2.x split `Storage::data()` into a const `data()` and
+/// `mutable_data()` (which also materializes copy-on-write storage).
+#if TORCH_VERSION_MAJOR >= 2
+inline void* mutable_storage_data(const c10::Storage& s) { return s.mutable_data(); }
+#else
+inline void* mutable_storage_data(const c10::Storage& s) { return s.data(); }
+#endif
 
 /// CPU autocast state of the calling thread. LibTorch 2.4 generalized the per-device functions
 /// (`is_cpu_enabled()`, `get_autocast_cpu_dtype()`, ...) into `is_autocast_enabled(device)` and

@@ -186,7 +186,7 @@ struct Tracer::Impl {
   void note_factory(const c10::OperatorHandle& op, const std::vector<at::Tensor>& produced) {
     for (const at::Tensor& t : produced) {
       if (!t.defined() || !t.has_storage() || t.storage().data() == nullptr || !t.device().is_cpu()) continue;
-      auto* data = static_cast<uint8_t*>(t.storage().data());
+      auto* data = static_cast<uint8_t*>(compat::mutable_storage_data(t.storage()));
       const size_t n = t.storage().nbytes();
       if (is_uninitialized_factory(op)) std::memset(data, 0x7f, n);
       fresh_factories.insert_or_assign(
