@@ -25,11 +25,6 @@ constexpr c10::DispatchKey kTracingKey = c10::DispatchKey::DeferredInit;
 /// Fake is free in 1.13 through 2.6 (only torchdistx's fake tensors ever registered it).
 constexpr c10::DispatchKey kBelowAutogradTracingKey = c10::DispatchKey::Fake;
 
-/// LibTorch 1.13's `native_batch_norm` schema does not declare that it writes the running
-/// statistics (2.x routes training batch norm through ops that do, with functional variants),
-/// so functionalization cannot see that mutation: AOT rewrites it (src/aot/joint.cpp).
-constexpr bool kBatchNormHidesRunningStatMutation = TORCH_VERSION_MAJOR < 2;
-
 /// A storage's bytes, writable. LibTorch 2.x split `Storage::data()` into a const `data()` and
 /// `mutable_data()` (which also materializes copy-on-write storage).
 #if TORCH_VERSION_MAJOR >= 2

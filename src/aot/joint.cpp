@@ -45,7 +45,17 @@ at::Tensor unwrap(const at::Tensor& t) {
   return fz::from_functional_tensor(t);
 }
 
-// LibTorch 1.13's native_batch_norm updates the running statistics without saying so in its
+// `native_batch_norm` (LibTorch 1.13, and 2.6 on CPU) updates the running statistics without
+// declaring it in its schema (`Tensor? running_mean`, not `Tensor(a!)?`); 2.x's
+// `_native_batch_norm_legit` declares it, and functionalization handles that one itself.
+bool hides_running_stat_update(const c10::OperatorHandle& op) {
+  if (op.schema().name() != "aten::native_batch_norm") return false;
+  const auto& args = op.schema().arguments();
+  return args.size() > 4 && args[3].name() == "running_mean" &&
+         (args[3].alias_info() == nullptr || !args[3].alias_info()->isWrite());
+}
+
+// Such a native_batch_norm updates the running statistics without saying so in its
 // schema, so functionalization cannot turn that into new values: run it without running stats
 // (recorded as a pure op) and record the update as ops, then point the buffers' functional
 // wrappers at the new values, exactly as functionalization does for a declared mutation.
@@ -221,8 +231,7 @@ JointGraph build_joint(const ir::GraphModule& gm, const std::vector<at::Tensor>&
         return true;
       }
     }
-    if (compat::kBatchNormHidesRunningStatMutation && op.schema().name() == "aten::native_batch_norm")
-      return batch_norm_with_functional_update(stack, wrapper_of);
+    if (hides_running_stat_update(op)) return batch_norm_with_functional_update(stack, wrapper_of);
     return false;
   });
 

@@ -289,7 +289,7 @@ Partition partition_joint(const JointGraph& j, Partitioner partitioner) {
   // from the generator as eager does.
   std::vector<Value> random_draws;
   for (const auto& owned : g.nodes())
-    if (owned->kind() == ir::NodeKind::CallFunction && ir::op_is_random(owned->op()) &&
+    if (owned->kind() == ir::NodeKind::CallFunction && ir::node_is_random(*owned) &&
         !tangent_dependent.count(owned.get()))
       random_draws.push_back(owned->output(0));
 

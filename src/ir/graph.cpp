@@ -210,7 +210,7 @@ bool Node::has_side_effects() const {
     case NodeKind::GetAttr:
       return false;
     case NodeKind::CallFunction:
-      return op_is_random(*op_) || !written_arguments(*this).empty();
+      return node_is_random(*this) || !written_arguments(*this).empty();
   }
   return true;
 }
@@ -332,6 +332,16 @@ bool updates_running_stats(const Node& n) {
 }
 
 }  // namespace
+
+bool node_is_random(const Node& n) {
+  if (n.kind() != NodeKind::CallFunction || !op_is_random(n.op())) return false;
+  // Dropout in eval mode (`train=False`) returns its input and draws nothing.
+  const auto& schema_args = n.schema().arguments();
+  for (size_t i = 0; i < schema_args.size() && i < n.args().size(); ++i)
+    if (schema_args[i].name() == "train" && n.args()[i].is_constant() && n.args()[i].constant().isBool())
+      return n.args()[i].constant().toBool();
+  return true;
+}
 
 std::vector<size_t> written_arguments(const Node& n) {
   std::vector<size_t> written;

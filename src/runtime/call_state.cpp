@@ -45,7 +45,7 @@ GraphEffects effects_of(const ir::GraphModule& gm) {
       continue;
     }
     if (n->kind() != ir::NodeKind::CallFunction) continue;
-    e.random |= ir::op_is_random(n->op());
+    e.random |= ir::node_is_random(*n);
     for (size_t i : ir::written_arguments(*n)) note_argument(n->args()[i]);
   }
   return e;

@@ -144,6 +144,38 @@ Case& m7() {
   return c;
 }
 
+// A graph break after a training-mode BatchNorm and dropout: a call of an entry with breaks
+// saves what its segments change (the running statistics, the random generator) before they
+// run, so that a new branch value can undo them and run the forward again. The input is fixed,
+// so every call takes the traced branch: this is the saving's cost on the hit path.
+struct BreakStateImpl : torch::nn::Module {
+  BreakStateImpl()
+      : bn(register_module("bn", torch::nn::BatchNorm1d(16))), drop(register_module("drop", torch::nn::Dropout(0.1))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    auto h = drop(bn(x));
+    if ((h.mean() > -10).item<bool>()) return h.relu();
+    return h;
+  }
+  torch::nn::BatchNorm1d bn;
+  torch::nn::Dropout drop;
+};
+TORCH_MODULE(BreakState);
+
+Case& break_state() {
+  static Case c = [] {
+    torch::manual_seed(0);
+    BreakState eager_net, compiled_net;
+    auto fast = std::make_shared<decltype(torch::compile(compiled_net, "eager"))>(torch::compile(compiled_net, "eager"));
+    Case k{[eager_net](const torch::Tensor& x) mutable { return eager_net(x); },
+           [fast](const torch::Tensor& x) { return (*fast)(x); }, torch::randn({32, 16}), {}};
+    // (Dropout draws differ between the two calls of check(): compare shapes only.)
+    torch::Tensor first = k.compiled(k.input), second = k.compiled(k.input);
+    if (first.sizes() != k.eager(k.input).sizes() || second.sizes() != first.sizes()) k.error = "shape mismatch";
+    return k;
+  }();
+  return c;
+}
+
 // Hooks (issue 4): a tiny three-layer MLP whose layers are called through torchcompile::call,
 // so their hooks fire. Every case compares against the same MLP run eagerly without hooks:
 //   Hooks0          compiled, no hooks
@@ -318,6 +350,10 @@ BENCHMARK(BM_NoOp_Eager)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_NoOp_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_M7_Toy_Eager)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_M7_Toy_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
+void BM_BreakState_Eager(benchmark::State& s) { run_eager(s, break_state); }
+void BM_BreakState_Compiled(benchmark::State& s) { run_compiled(s, break_state, "Break after BN+dropout"); }
+BENCHMARK(BM_BreakState_Eager)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_BreakState_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_OneOp_Eager)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_OneOp_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
 void BM_Hooks_Eager(benchmark::State& s) { run_eager(s, hooks0); }

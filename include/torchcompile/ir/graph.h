@@ -199,6 +199,9 @@ Value memory_base(Value v);
 /// and the running statistics of batch and instance norm in training mode, which LibTorch's
 /// schemas do not declare.
 std::vector<size_t> written_arguments(const Node& n);
+/// Whether running this call_function node draws random numbers (op_is_random, except dropout
+/// in eval mode).
+bool node_is_random(const Node& n);
 
 /// The graph: nodes in topological order, placeholders first, one output node last.
 class Graph {
