@@ -8,6 +8,9 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
+#include <atomic>
+
 namespace torchcompile {
 
 using aot::JointGraph;
@@ -23,6 +26,23 @@ CompiledFn make_boxed_func(std::function<std::vector<at::Tensor>(const std::vect
 namespace aot {
 namespace {
 
+// Whether two tensors of one storage have an element byte in common (by the extents of their
+// elements; conservative for interleaved strides).
+bool memory_overlaps(const at::Tensor& a, const at::Tensor& b) {
+  auto extent = [](const at::Tensor& t) {
+    int64_t lo = t.storage_offset(), hi = t.storage_offset();
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      const int64_t span = (t.size(d) - 1) * t.stride(d);
+      (span < 0 ? lo : hi) += span;
+    }
+    const auto item = static_cast<int64_t>(t.itemsize());
+    return std::pair{lo * item, (hi + 1) * item};
+  };
+  const auto [alo, ahi] = extent(a);
+  const auto [blo, bhi] = extent(b);
+  return alo < bhi && blo < ahi;
+}
+
 // Everything a call needs, immutable after compilation and shared by concurrent calls (and by
 // autograd graphs still waiting for their backward after the entry was dropped).
 struct Runtime : torch::CustomClassHolder {
@@ -31,12 +51,21 @@ struct Runtime : torch::CustomClassHolder {
   size_t num_fw_outputs = 0;
   std::vector<int> tangent_of_fw_output;
   std::vector<size_t> mutated_primals;
+  std::vector<bool> is_mutated;  // per primal
   std::vector<size_t> grad_primals;
   std::vector<ir::TensorMeta> fw_output_meta;
   size_t num_saved = 0;
   bool training = false;
   std::unique_ptr<ir::GraphModule> forward_gm, backward_gm;  // the compiled functions may refer to them
   CompiledFn forward, backward;
+  // The joint graph was traced with every primal in memory of its own, so the compiled pair is
+  // right only when no primal it updates in place shares memory with another primal (a view and
+  // its base both passed across a graph break; a caller passing a buffer of the module as an
+  // input). A call where one does runs the captured graph with this interpreter instead, whose
+  // ops see each other's updates through the shared memory as eager's do. Set only when the
+  // forward updates primals.
+  std::shared_ptr<ir::Interpreter> shared_memory_fallback;
+  mutable std::atomic<bool> told_shared_memory{false};
 
   std::vector<at::Tensor> gather(std::vector<at::Tensor>& inputs) const {
     std::vector<at::Tensor> ps;
@@ -50,6 +79,28 @@ struct Runtime : torch::CustomClassHolder {
     if (mutated_primals.empty()) return;
     at::NoGradGuard no_grad;
     for (size_t m = 0; m < mutated_primals.size(); ++m) ps[mutated_primals[m]].copy_(outs[num_fw_outputs + m]);
+  }
+
+  // Whether a primal updated in place shares memory with another primal.
+  bool updated_primal_shares_memory(const std::vector<at::Tensor>& ps) const {
+    // Sorted by storage, the only candidates are neighbours with the same storage.
+    c10::SmallVector<std::pair<const c10::StorageImpl*, size_t>, 16> by_storage;
+    for (size_t k = 0; k < ps.size(); ++k)
+      if (ps[k].defined() && ps[k].has_storage() && ps[k].numel() > 0)
+        by_storage.emplace_back(ps[k].storage().unsafeGetStorageImpl(), k);
+    std::sort(by_storage.begin(), by_storage.end());
+    for (size_t first = 0; first < by_storage.size();) {
+      size_t last = first + 1;
+      while (last < by_storage.size() && by_storage[last].first == by_storage[first].first) ++last;
+      for (size_t a = first; a < last; ++a) {
+        const size_t ka = by_storage[a].second;
+        if (!is_mutated[ka]) continue;
+        for (size_t b = first; b < last; ++b)
+          if (b != a && memory_overlaps(ps[ka], ps[by_storage[b].second])) return true;
+      }
+      first = last;
+    }
+    return false;
   }
 
   std::vector<at::Tensor> assemble(std::vector<at::Tensor>& graph_outs, const std::vector<at::Tensor>& ps) const {
@@ -124,6 +175,14 @@ struct CompiledGraph : torch::autograd::Function<CompiledGraph> {
 
 std::vector<at::Tensor> Runtime::call(const c10::intrusive_ptr<Runtime>& self, std::vector<at::Tensor> inputs) {
   std::vector<at::Tensor> ps = self->gather(inputs);
+  if (self->shared_memory_fallback && self->updated_primal_shares_memory(ps)) {
+    if (!self->told_shared_memory.exchange(true))
+      TORCHCOMPILE_LOG(runtime::LogKind::Graph, "aot_autograd: a tensor the graph updates in place shares memory "
+                       "with another of its inputs or module state; such calls run the graph with the interpreter");
+    for (size_t k = 0; k < ps.size(); ++k)
+      if (self->primals[k].input >= 0) inputs[self->primals[k].input] = std::move(ps[k]);
+    return self->shared_memory_fallback->run(std::move(inputs));
+  }
   std::vector<at::Tensor> outs;
   if (self->training) {
     outs = CompiledGraph::apply(at::TensorList(ps), c10::IValue::make_capsule(self));
@@ -190,6 +249,9 @@ Backend aot_autograd(Backend fw_compiler, Backend bw_compiler, DecompositionTabl
     rt->num_fw_outputs = joint.num_fw_outputs;
     rt->tangent_of_fw_output = std::move(joint.tangent_of_fw_output);
     rt->mutated_primals = std::move(joint.mutated_primals);
+    rt->is_mutated.assign(rt->primals.size(), false);
+    for (size_t k : rt->mutated_primals) rt->is_mutated[k] = true;
+    if (!rt->mutated_primals.empty()) rt->shared_memory_fallback = std::make_shared<ir::Interpreter>(gm);
     rt->grad_primals = std::move(joint.grad_primals);
     rt->training = joint.training;
     rt->num_saved = part.num_saved;

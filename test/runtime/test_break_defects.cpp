@@ -229,6 +229,75 @@ TEST_P(BreakDefects, D4AccumulatorIntoAFactoryTensor) {
   for (const auto& e : fast.state().entries()) EXPECT_FALSE(e->runs_eagerly()) << e->eager_reason();
 }
 
+// Graph inputs that share memory, one of them updated in place: the graph must see the update
+// through the other (found by the fuzzer under aot_eager, whose functionalized graph treated
+// each input as a separate tensor). A view made before a break and its base both cross it.
+struct AliasedAcrossABreak : torch::nn::Module {
+  torch::Tensor forward(torch::Tensor x, torch::Tensor n) {
+    torch::Tensor a = x + 1;
+    torch::Tensor v = a.view({2, 3});
+    int64_t k = n.item<int64_t>();
+    v.add_(k);
+    return a * 2 + v.sum();
+  }
+};
+
+TEST_P(BreakDefects, InputsSharingMemoryAcrossABreakOneUpdatedInPlace) {
+  auto m = std::make_shared<AliasedAcrossABreak>();
+  auto fast = torch::compile(m, backend());
+  for (bool grad : {false, true}) {
+    torch::AutoGradMode mode(grad);
+    for (int k : {1, 2, 1, 3}) {
+      auto x = torch::randn({6}).requires_grad_(grad);
+      auto n = torch::tensor(k);
+      auto x_ref = x.detach().clone().requires_grad_(grad);
+      auto expected = m->forward(x_ref, n);
+      auto actual = fast(x, n);
+      ASSERT_TRUE(tensors_close(expected, actual)) << "k = " << k << ", grad " << grad;
+      if (grad) {
+        expected.sum().backward();
+        actual.sum().backward();
+        ASSERT_TRUE(tensors_close(x_ref.grad(), x.grad())) << "k = " << k;
+      }
+    }
+  }
+}
+
+// The same, with the aliasing made by the caller: inputs distinct on the first call, then one a
+// view of the other, then an input that is the module's own buffer, which the forward updates.
+struct BumpsCounter : torch::nn::Module {
+  torch::Tensor counter;
+  BumpsCounter() { counter = register_buffer("counter", torch::zeros({4})); }
+  torch::Tensor forward(torch::Tensor a, torch::Tensor b) {
+    b.add_(1);
+    counter.add_(a.sum());
+    return a * 2 + counter;
+  }
+};
+
+TEST_P(BreakDefects, CallerPassesInputsThatShareMemory) {
+  auto m = std::make_shared<BumpsCounter>();
+  auto twin = std::make_shared<BumpsCounter>();
+  auto fast = torch::compile(m, backend());
+  torch::NoGradGuard no_grad;
+  auto make = [](int how, const std::shared_ptr<BumpsCounter>& mod) -> std::pair<torch::Tensor, torch::Tensor> {
+    auto base = torch::arange(4, torch::kFloat);
+    if (how == 0) return {base, torch::ones({4})};
+    if (how == 1) return {base, base.view({4})};
+    if (how == 2) return {base, base.narrow(0, 1, 2)};
+    return {mod->counter, mod->counter};  // both inputs are the buffer the forward updates
+  };
+  for (int how : {0, 1, 0, 2, 3, 1, 3}) {
+    auto [ea, eb] = make(how, twin);
+    auto [a, b] = make(how, m);
+    auto expected = twin->forward(ea, eb);
+    auto actual = fast(a, b);
+    ASSERT_TRUE(tensors_close(expected, actual)) << "case " << how;
+    ASSERT_TRUE(tensors_close(ea, a)) << "case " << how;
+    ASSERT_TRUE(tensors_close(twin->counter, m->counter)) << "case " << how;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, BreakDefects, ::testing::Values("eager", "aot_eager", "default"), backend_name);
 
 }  // namespace
