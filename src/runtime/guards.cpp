@@ -14,6 +14,7 @@
 #include <torch/nn/module.h>
 #include <torch/ordered_dict.h>
 
+#include <algorithm>
 #include <functional>
 #include <sstream>
 #include <unordered_set>
@@ -141,6 +142,30 @@ std::vector<std::string> tensor_input_names(const CallArgs& args, const std::vec
   return out;
 }
 
+// ---- identity ------------------------------------------------------------------------------
+
+c10::SmallVector<GuardSet::Identity, 8> GuardSet::identities_of(const at::Tensor* tensors, size_t n) {
+  c10::SmallVector<Identity, 8> out(n);
+  if (n < 2) return out;
+  // Sorted by (TensorImpl, index), each run of one TensorImpl starts at its first input.
+  c10::SmallVector<std::pair<const c10::TensorImpl*, uint32_t>, 8> by_impl;
+  for (size_t i = 0; i < n; ++i)
+    if (tensors[i].defined()) by_impl.emplace_back(tensors[i].unsafeGetTensorImpl(), static_cast<uint32_t>(i));
+  std::sort(by_impl.begin(), by_impl.end());
+  for (size_t k = 1; k < by_impl.size(); ++k)
+    if (by_impl[k].first == by_impl[k - 1].first)
+      out[by_impl[k].second].input = out[by_impl[k - 1].second].input >= 0 ? out[by_impl[k - 1].second].input
+                                                                               : static_cast<int32_t>(by_impl[k - 1].second);
+  return out;
+}
+
+int32_t GuardSet::attr_of(const at::Tensor& t) const {
+  if (!t.defined() || attr_impls_.empty()) return -1;
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  auto it = std::lower_bound(attr_impls_.begin(), attr_impls_.end(), std::pair{impl, uint32_t{0}});
+  return it != attr_impls_.end() && it->first == impl ? static_cast<int32_t>(it->second) : -1;
+}
+
 // ---- build ---------------------------------------------------------------------------------
 
 std::unique_ptr<GuardSet> GuardSet::build(const CallArgs& args, const std::shared_ptr<torch::nn::Module>& root,
@@ -163,15 +188,10 @@ std::unique_ptr<GuardSet> GuardSet::build(const CallArgs& args, const std::share
       tg.dims = static_cast<uint32_t>(g->dims_.size());
       g->dims_.insert(g->dims_.end(), t.sizes().begin(), t.sizes().end());
       if (tg.strided) g->dims_.insert(g->dims_.end(), t.strides().begin(), t.strides().end());
-      for (size_t j = 0; j < i; ++j) {
-        if (args.tensors[j].unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
-          g->same_tensor_.emplace_back(static_cast<uint32_t>(j), static_cast<uint32_t>(i));
-          break;
-        }
-      }
     }
     g->tensors_.push_back(tg);
   }
+  g->identity_ = identities_of(args.tensors.data(), args.tensors.size());
 
   g->grad_mode_ = at::GradMode::is_enabled();
   g->inference_mode_ = c10::InferenceMode::is_enabled();
@@ -226,6 +246,11 @@ std::unique_ptr<GuardSet> GuardSet::build(const CallArgs& args, const std::share
         };
     visit(root, "");
   }
+  for (size_t a = 0; a < g->attrs_.size(); ++a)
+    if (g->attrs_[a].defined) g->attr_impls_.emplace_back(g->attrs_[a].tensor.unsafeGetTensorImpl(), a);
+  std::sort(g->attr_impls_.begin(), g->attr_impls_.end());
+  for (size_t i = 0; i < args.tensors.size(); ++i)
+    if (g->identity_[i].input < 0) g->identity_[i].attr = g->attr_of(args.tensors[i]);
   // The epoch is read before the versions: a hook change in between shows on the next check.
   g->hook_epoch_seen_.store(detail::hook_epoch());
   for (size_t mi = 0; mi < g->modules_.size(); ++mi) {
@@ -342,10 +367,19 @@ bool GuardSet::evaluate(const CallArgs& args, std::string* reason) const {
     }
   }
 
-  // 3. Aliasing between inputs.
-  for (const auto& [i, j] : same_tensor_)
-    if (inputs[i].unsafeGetTensorImpl() != inputs[j].unsafeGetTensorImpl())
-      TC_GUARD_FAIL("tensor '", tensor_names_[j], "' was the same tensor as '", tensor_names_[i], "' when traced");
+  // 3. Identity between inputs: the same tensors passed as the same arguments as when traced.
+  if (n_tensors > 1) {
+    const auto now = identities_of(inputs, n_tensors);
+    for (size_t i = 0; i < n_tensors; ++i) {
+      const int32_t was = identity_[i].input, is = now[i].input;
+      if (was == is) continue;
+      if (was >= 0)
+        TC_GUARD_FAIL("tensor '", tensor_names_[i], "' was the same tensor as '", tensor_names_[was],
+                      "' when traced, and is not now");
+      TC_GUARD_FAIL("tensor '", tensor_names_[i], "' is the same tensor as '", tensor_names_[is],
+                    "', which it was not when traced");
+    }
+  }
 
   // 4. Global state that changes results.
   // Inference mode first: it implies grad mode off, and is the more useful reason. Both live in
@@ -408,6 +442,19 @@ bool GuardSet::evaluate(const CallArgs& args, std::string* reason) const {
       const size_t idx = mg.buffers_begin + k;
       if (!check_attr<kWithReason>(attrs_[idx], idx, buffers[k].value(), reason)) return false;
     }
+  }
+
+  // 6. Identity between inputs and module state (now that the state is the traced tensors).
+  for (size_t i = 0; i < n_tensors; ++i) {
+    const Identity& id = identity_[i];
+    if (!tensors_[i].defined || id.input >= 0) continue;
+    const int32_t is = attr_of(inputs[i]);
+    if (is == id.attr) continue;
+    if (id.attr >= 0)
+      TC_GUARD_FAIL("tensor '", tensor_names_[i], "' was ", attrs_[id.attr].buffer ? "buffer '" : "parameter '",
+                    attr_names_[id.attr], "' when traced, and is not now");
+    TC_GUARD_FAIL("tensor '", tensor_names_[i], "' is ", attrs_[is].buffer ? "buffer '" : "parameter '",
+                  attr_names_[is], "', which it was not when traced");
   }
 
   // Hooks: one load while no hook changed anywhere since the last check that passed.
@@ -473,8 +520,14 @@ std::vector<std::string> GuardSet::describe() const {
     }
     out.push_back(os.str());
   }
-  for (const auto& [i, j] : same_tensor_)
-    out.push_back("tensor '" + tensor_names_[j] + "' is tensor '" + tensor_names_[i] + "'");
+  for (size_t i = 0; i < identity_.size(); ++i) {
+    if (identity_[i].input >= 0)
+      out.push_back("tensor '" + tensor_names_[i] + "' is tensor '" + tensor_names_[identity_[i].input] + "'");
+    else if (identity_[i].attr >= 0)
+      out.push_back("tensor '" + tensor_names_[i] + "' is " + (attrs_[identity_[i].attr].buffer ? "buffer '" : "parameter '") +
+                    attr_names_[identity_[i].attr] + "'");
+  }
+  if (!identity_.empty()) out.push_back("other input tensors: distinct from each other and from module state");
   out.push_back(std::string("inference mode ") + on(inference_mode_));
   out.push_back(std::string("grad mode ") + on(grad_mode_));
   out.push_back(c10::str("default dtype ", c10::typeMetaToScalarType(default_dtype_)));

@@ -113,7 +113,17 @@ class GuardSet {
   c10::SmallVector<ArgItem, 8> items_;
   std::vector<TensorGuard> tensors_;
   std::vector<int64_t> dims_;
-  std::vector<std::pair<uint32_t, uint32_t>> same_tensor_;  // (i, j): input j is input i
+  // What each input tensor was when traced: the same TensorImpl as an earlier input (`input`),
+  // as a registered parameter or buffer (`attr`, into attrs_), or neither (both -1). The trace
+  // resolves a tensor by identity, so a graph is only right for this pattern, in both directions.
+  struct Identity {
+    int32_t input = -1;
+    int32_t attr = -1;
+  };
+  c10::SmallVector<Identity, 8> identity_;
+  std::vector<std::pair<const c10::TensorImpl*, uint32_t>> attr_impls_;  // sorted; defined attrs
+  static c10::SmallVector<Identity, 8> identities_of(const at::Tensor* tensors, size_t n);  // `input` only
+  int32_t attr_of(const at::Tensor& t) const;  // the attribute that is `t`, or -1
   bool grad_mode_ = true;
   bool inference_mode_ = false;
   bool deterministic_ = false;

@@ -276,25 +276,52 @@ struct BumpsCounter : torch::nn::Module {
 };
 
 TEST_P(BreakDefects, CallerPassesInputsThatShareMemory) {
-  auto m = std::make_shared<BumpsCounter>();
-  auto twin = std::make_shared<BumpsCounter>();
-  auto fast = torch::compile(m, backend());
   torch::NoGradGuard no_grad;
   auto make = [](int how, const std::shared_ptr<BumpsCounter>& mod) -> std::pair<torch::Tensor, torch::Tensor> {
     auto base = torch::arange(4, torch::kFloat);
     if (how == 0) return {base, torch::ones({4})};
     if (how == 1) return {base, base.view({4})};
     if (how == 2) return {base, base.narrow(0, 1, 2)};
-    return {mod->counter, mod->counter};  // both inputs are the buffer the forward updates
+    if (how == 3) return {mod->counter, mod->counter};  // both inputs are the buffer the forward updates
+    return {mod->counter, torch::ones({4})};
   };
-  for (int how : {0, 1, 0, 2, 3, 1, 3}) {
-    auto [ea, eb] = make(how, twin);
-    auto [a, b] = make(how, m);
-    auto expected = twin->forward(ea, eb);
-    auto actual = fast(a, b);
-    ASSERT_TRUE(tensors_close(expected, actual)) << "case " << how;
-    ASSERT_TRUE(tensors_close(ea, a)) << "case " << how;
-    ASSERT_TRUE(tensors_close(twin->counter, m->counter)) << "case " << how;
+  // Compiled first for separate inputs, then for shared ones.
+  for (const auto& order : {std::vector<int>{0, 1, 0, 2, 3, 1, 3, 4}, std::vector<int>{3, 1, 0, 2, 3, 0},
+                            std::vector<int>{4, 0, 4, 1, 3}}) {
+    auto m = std::make_shared<BumpsCounter>();
+    auto twin = std::make_shared<BumpsCounter>();
+    auto fast = torch::compile(m, backend());
+    for (int how : order) {
+      auto [ea, eb] = make(how, twin);
+      auto [a, b] = make(how, m);
+      auto expected = twin->forward(ea, eb);
+      auto actual = fast(a, b);
+      ASSERT_TRUE(tensors_close(expected, actual)) << "case " << how << " after case " << order[0];
+      ASSERT_TRUE(tensors_close(ea, a)) << "case " << how << " after case " << order[0];
+      ASSERT_TRUE(tensors_close(twin->counter, m->counter)) << "case " << how << " after case " << order[0];
+    }
+  }
+}
+
+// One tensor passed as two arguments, one updated in place, the other read after it: compiled
+// for that first, then called with separate tensors and with a view (and the reverse order).
+TEST_P(BreakDefects, OneTensorPassedAsTwoArguments) {
+  auto fn = [](torch::Tensor a, torch::Tensor b) {
+    a.add_(1);
+    return b * 2 + a;
+  };
+  torch::NoGradGuard no_grad;
+  for (const auto& order : {std::vector<int>{1, 0, 2, 1, 0}, std::vector<int>{0, 1, 2, 0, 1}}) {
+    auto fast = torch::compile(fn, backend());
+    for (int how : order) {
+      auto x = torch::arange(4, torch::kFloat), y = torch::ones({4});
+      auto x2 = x.clone(), y2 = y.clone();
+      auto pick = [how](torch::Tensor& p, torch::Tensor& q) { return how == 0 ? q : how == 1 ? p : p.view({4}); };
+      auto expected = fn(x, pick(x, y));
+      auto actual = fast(x2, pick(x2, y2));
+      ASSERT_TRUE(tensors_equal(expected, actual)) << "case " << how << " after case " << order[0];
+      ASSERT_TRUE(tensors_equal(x, x2)) << "case " << how << " after case " << order[0];
+    }
   }
 }
 

@@ -4,7 +4,8 @@
 // BatchNorm in training and eval, loops with a break per iteration and several outputs. Each is
 // compiled with `eager`, `aot_eager` and `default` and called many times with changing branch
 // values next to an eager copy of the module; every output, the inputs (which the forward may
-// update in place), every buffer and the random generator's state must match eager's.
+// update in place), every buffer and the random generator's state must match eager's. The second
+// tensor input is, call by call, a tensor of its own, the first input itself, or a view of it.
 //
 //   TORCHCOMPILE_FUZZ_PROGRAMS   programs per backend (default 1000)
 //   TORCHCOMPILE_FUZZ_SEED       first seed (default 1); program k uses seed + k
@@ -134,8 +135,8 @@ class Generator {
   std::mt19937_64 rng_;
 };
 
-// The forward interpreting a program. Register 0 starts as the input x itself (in-place ops on
-// it update the caller's tensor), the others as functions of x.
+// The forward interpreting a program. Registers 0 and 4 start as the inputs x and y themselves
+// (in-place ops on them update the caller's tensors), the others as functions of x.
 struct FuzzNet : torch::nn::Module {
   explicit FuzzNet(Program p) : program(std::move(p)) {
     weight = register_parameter("weight", torch::linspace(0.5, 1.5, 3));
@@ -144,13 +145,13 @@ struct FuzzNet : torch::nn::Module {
     drop = register_module("drop", torch::nn::Dropout(0.3));
   }
 
-  std::vector<torch::Tensor> forward(torch::Tensor x, torch::Tensor n) {
+  std::vector<torch::Tensor> forward(torch::Tensor x, torch::Tensor n, torch::Tensor y) {
     torch::Tensor r[kRegs];
     r[0] = x;
     r[1] = x * 0.5 + 1;
     r[2] = x.sin();
     r[3] = torch::ones({4, 3});
-    r[4] = x.neg();
+    r[4] = y;
     run(program.code, r, n, 0);
     std::vector<torch::Tensor> outs;
     for (int o : program.outputs) outs.push_back(o < 0 ? x : r[o]);
@@ -306,11 +307,18 @@ std::string check_program(const std::string& backend, uint64_t seed, int calls) 
     torch::manual_seed(seed + call);
     auto x = torch::randn({4, 3});
     auto x_eager = x.clone(), x_compiled = x.clone();
+    // y: separate (half the calls), x itself, or a view of x.
+    const int y_kind = static_cast<int>(values() % 4);
+    auto y = torch::randn({4, 3});
+    auto y_of = [&](const torch::Tensor& xs) {
+      return y_kind < 2 ? y.clone() : y_kind == 2 ? xs : xs.view({4, 3});
+    };
+    auto y_eager = y_of(x_eager), y_compiled = y_of(x_compiled);
 
     torch::manual_seed(1000 + call);
     std::vector<torch::Tensor> expected;
     try {
-      expected = eager_net->forward(x_eager, n);
+      expected = eager_net->forward(x_eager, n, y_eager);
     } catch (const std::exception&) {
       return kInvalid;  // the program itself is not valid LibTorch (e.g. an overlapping in-place add)
     }
@@ -318,7 +326,7 @@ std::string check_program(const std::string& backend, uint64_t seed, int calls) 
     torch::manual_seed(1000 + call);
     std::vector<torch::Tensor> actual;
     try {
-      actual = fast(x_compiled, n);
+      actual = fast(x_compiled, n, y_compiled);
     } catch (const std::exception& e) {
       return "call " + std::to_string(call) + " threw: " + e.what();
     }
@@ -334,6 +342,8 @@ std::string check_program(const std::string& backend, uint64_t seed, int calls) 
     if (why.str().empty())
       if (auto r = same(x_eager, x_compiled); !r) why << "input x after the call: " << r.message();
     if (why.str().empty())
+      if (auto r = same(y_eager, y_compiled); !r) why << "input y after the call: " << r.message();
+    if (why.str().empty())
       if (auto r = tensors_equal(eager_next, compiled_next); !r) why << "random generator state: " << r.message();
     auto eager_buffers = eager_net->named_buffers();
     for (const auto& b : compiled_net->named_buffers())
@@ -344,7 +354,8 @@ std::string check_program(const std::string& backend, uint64_t seed, int calls) 
     if (!why.str().empty()) {
       std::ostringstream values_read;
       for (int k = 0; k < kReads; ++k) values_read << (k ? "," : "") << n[k].item<int64_t>();
-      return "call " + std::to_string(call) + " n=" + values_read.str() + ": " + why.str();
+      return "call " + std::to_string(call) + " n=" + values_read.str() + " y=" +
+             (y_kind < 2 ? "separate" : y_kind == 2 ? "x" : "x.view") + ": " + why.str();
     }
   }
   return "";

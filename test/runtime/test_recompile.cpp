@@ -124,6 +124,39 @@ TEST(Recompile, AliasedInputsAreGuarded) {
   EXPECT_TRUE(tensors_close(torch::full({3}, 2.0), r2));
   EXPECT_EQ(cc.frames(), 2);
   EXPECT_THAT(fast.state().last_recompile_reason(), ::testing::HasSubstr("was the same tensor as"));
+  // And the other way: traced with separate tensors, called with one tensor twice. A graph
+  // break's continuation traced on such a call would read the second argument for the first.
+  auto w = torch::ones({3});
+  EXPECT_TRUE(tensors_close(torch::full({3}, 4.0), fast(w, w)));
+  EXPECT_EQ(cc.frames(), 2);
+}
+
+TEST(Recompile, InputsThatAreTheModulesOwnTensorsAreGuarded) {
+  struct Scale : torch::nn::Module {
+    torch::Tensor state;
+    Scale() { state = register_buffer("state", torch::ones({3})); }
+    torch::Tensor forward(torch::Tensor x) {
+      state.mul_(2);
+      return x + 1;
+    }
+  };
+  auto m = std::make_shared<Scale>();
+  CompileCounter cc;
+  auto fast = torch::compile(m, cc.backend());
+  auto x = torch::zeros({3});
+  EXPECT_TRUE(tensors_close(torch::ones({3}), fast(x)));  // separate
+  EXPECT_TRUE(tensors_close(torch::full({3}, 5.0), fast(m->state)));  // state becomes 4, then + 1
+  EXPECT_THAT(fast.state().last_recompile_reason(),
+              ::testing::HasSubstr("is buffer 'state', which it was not when traced"));
+  EXPECT_TRUE(tensors_close(torch::ones({3}), fast(x)));
+  EXPECT_TRUE(tensors_close(torch::full({3}, 17.0), fast(m->state)));
+  EXPECT_TRUE(tensors_close(torch::full({3}, 16.0), m->state));
+  EXPECT_EQ(cc.frames(), 2);
+  auto fresh = torch::compile(m, cc.backend());
+  EXPECT_TRUE(tensors_close(torch::full({3}, 33.0), fresh(m->state)));
+  EXPECT_TRUE(tensors_close(torch::ones({3}), fresh(x)));
+  EXPECT_THAT(fresh.state().last_recompile_reason(),
+              ::testing::HasSubstr("was buffer 'state' when traced, and is not now"));
 }
 
 TEST(Recompile, CacheSizeLimitFallsBackToEager) {
