@@ -25,6 +25,11 @@ constexpr c10::DispatchKey kTracingKey = c10::DispatchKey::DeferredInit;
 /// Fake is free in 1.13 through 2.6 (only torchdistx's fake tensors ever registered it).
 constexpr c10::DispatchKey kBelowAutogradTracingKey = c10::DispatchKey::Fake;
 
+/// LibTorch 1.13's functionalization gets `detach` of a view wrong once the graph has updated
+/// something in place: the detached tensor comes out as the whole base, not the view (seen
+/// with narrow, select and t). 2.x keeps the view. AOT does not functionalize such graphs.
+constexpr bool kFunctionalDetachOfViewLosesTheView = TORCH_VERSION_MAJOR < 2;
+
 /// A storage's bytes, writable. LibTorch 2.x split `Storage::data()` into a const `data()` and
 /// `mutable_data()` (which also materializes copy-on-write storage).
 #if TORCH_VERSION_MAJOR >= 2

@@ -6,11 +6,14 @@
 #include <torchcompile/compat.h>
 #include <torchcompile/ir/interpreter.h>
 
+#include "runtime/call_state.h"
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/FunctionalTensorWrapper.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <algorithm>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
@@ -115,6 +118,23 @@ bool is_contiguous(const ir::TensorMeta& m) {
 }  // namespace
 
 bool liftable(const ir::GraphModule& gm, bool training, std::string* why) {
+  if constexpr (compat::kFunctionalDetachOfViewLosesTheView) {
+    const ir::Node* detach_of_view = nullptr;
+    bool updates = false;
+    for (const auto& n : gm.graph().nodes()) {
+      if (n->kind() != ir::NodeKind::CallFunction) continue;
+      updates = updates || !ir::written_arguments(*n).empty();
+      if (!detach_of_view && n->schema().name() == "aten::detach" && n->args().at(0).is_value() &&
+          ir::is_view_node(n->args()[0].value().node))
+        detach_of_view = n.get();
+    }
+    if (detach_of_view && updates) {
+      if (why)
+        *why = "the graph detaches a view ('" + detach_of_view->name() +
+               "') and updates tensors in place, which LibTorch 1.13's functionalization gets wrong";
+      return false;
+    }
+  }
   for (const auto& n : gm.graph().nodes()) {
     if (n->kind() == ir::NodeKind::CallModule) {
       if (why) *why = "the graph calls module '" + n->target() + "' opaquely (call_module)";
@@ -171,12 +191,19 @@ JointGraph build_joint(const ir::GraphModule& gm, const std::vector<at::Tensor>&
   JointGraph j;
   // Primals: module state in the order the graph reads it, then the inputs. A constant that
   // requires grad (a parameter the forward reached without it being module state: a module
-  // captured by a lambda) is lifted too, so that its gradient flows.
+  // captured by a lambda) is lifted too, so that its gradient flows, and so is one the graph
+  // updates in place (a tensor captured by a lambda that the forward accumulates into), so that
+  // the update is written back.
+  const std::vector<std::string> written = runtime::effects_of(gm).written_attributes;
+  auto is_written = [&](const std::string& name) {
+    return std::find(written.begin(), written.end(), name) != written.end();
+  };
   std::unordered_set<std::string> lifted;
   for (const auto& n : g.nodes()) {
     if (n->kind() != ir::NodeKind::GetAttr) continue;
     const at::Tensor& t = gm.attribute(n->target());
-    if (gm.attribute_kind(n->target()) == ir::AttributeKind::Constant && !t.requires_grad()) continue;
+    if (gm.attribute_kind(n->target()) == ir::AttributeKind::Constant && !t.requires_grad() && !is_written(n->target()))
+      continue;
     if (!lifted.insert(n->target()).second) continue;
     j.primals.push_back({-1, n->target(), t, t.requires_grad()});
   }
@@ -235,9 +262,15 @@ JointGraph build_joint(const ir::GraphModule& gm, const std::vector<at::Tensor>&
     return false;
   });
 
-  // The captured graph with its module state replaced by the wrappers.
+  // The captured graph with its module state replaced by the wrappers, and its constants
+  // wrapped too (over the constants themselves, which functionalization never writes): an op
+  // on a plain tensor would run unfunctionalized, and an in-place update of its result (a copy
+  // of a constant, then `mul_` on a view of it) would be a side effect the partitioner drops.
   ir::GraphModule lifted_gm(gm.shared_graph());
-  for (const auto& [name, attr] : gm.attributes()) lifted_gm.set_attribute(name, attr.first, attr.second);
+  for (const auto& [name, attr] : gm.attributes()) {
+    const bool wrap = attr.second == ir::AttributeKind::Constant && attr.first.defined() && !lifted.count(name);
+    lifted_gm.set_attribute(name, wrap ? fz::to_functional_tensor(attr.first) : attr.first, attr.second);
+  }
   for (size_t k = 0; k < np; ++k)
     if (j.primals[k].input < 0) lifted_gm.set_attribute(j.primals[k].attribute, wrapped[k], gm.attribute_kind(j.primals[k].attribute));
   std::vector<at::Tensor> graph_inputs;

@@ -390,6 +390,50 @@ TEST(Aot, InputMutationIsCopiedBack) {
   EXPECT_TRUE(tensors_close(w.grad(), w2.grad()));
 }
 
+// Ops on graph constants (a tensor made on the host, a tensor captured by a lambda) must be
+// functionalized like the rest: an in-place update of a copy of a constant through a view was
+// run unfunctionalized and then dropped by the partitioner as unused (found by the fuzzer). A
+// constant the forward itself updates is lifted and written back.
+TEST(Aot, UpdatesOfConstantsAndOfTheirCopiesAreKept) {
+  auto acc = torch::zeros({4, 3});
+  auto acc_ref = acc.clone();
+  auto make = [](torch::Tensor& into) {
+    return [&into](torch::Tensor x, torch::Tensor w) {
+      x.select(1, 1).mul_(-2);
+      auto d = torch::tensor(std::vector<float>{0.5f, 1.0f, -1.5f}).repeat({4, 1});
+      d.select(1, 2).mul_(-2);
+      into.narrow(0, 1, 2).add_(x.narrow(0, 0, 2));
+      return std::make_tuple(x * w, d * w, into * 2);
+    };
+  };
+  auto fn = make(acc_ref);
+  Recorder rec;
+  auto compiled = torch::compile(make(acc), rec.backend());
+  for (bool grad : {false, true}) {
+    for (int call = 0; call < 3; ++call) {
+      auto x = torch::randn({4, 3});
+      auto w = torch::randn({3}, torch::requires_grad(grad));
+      auto x2 = x.clone();
+      auto w2 = w.detach().clone().requires_grad_(grad);
+      auto [e0, e1, e2] = fn(x, w);
+      auto [a0, a1, a2] = compiled(x2, w2);
+      ASSERT_TRUE(tensors_close(e0, a0)) << "call " << call << ", grad " << grad;
+      ASSERT_TRUE(tensors_close(e1, a1)) << "call " << call << ", grad " << grad;
+      ASSERT_TRUE(tensors_close(e2, a2)) << "call " << call << ", grad " << grad;
+      ASSERT_TRUE(tensors_close(x, x2)) << "call " << call << ", grad " << grad;
+      ASSERT_TRUE(tensors_close(acc_ref, acc)) << "call " << call << ", grad " << grad;
+      if (grad) {
+        (e0.sum() + e1.pow(2).sum()).backward();
+        (a0.sum() + a1.pow(2).sum()).backward();
+        ASSERT_TRUE(tensors_close(w.grad(), w2.grad())) << "call " << call;
+      }
+    }
+    // Without gradients the graph is functionalized (with them, the in-place updates of views
+    // make it run under ordinary autograd).
+    if (!grad) EXPECT_EQ(rec.forwards(), 1u);
+  }
+}
+
 TEST(Aot, MinCutSavesLessThanSaveAllWithTheSameGradients) {
   torch::manual_seed(0);
   auto mlp = torch::nn::Sequential(torch::nn::Linear(32, 128), torch::nn::GELU(), torch::nn::Linear(128, 32));
@@ -529,4 +573,40 @@ TEST(Aot, OpaqueModuleCallsRunUnderOrdinaryAutograd) {
   EXPECT_TRUE(tensors_close(outer->weight.grad(), g_outer));
   EXPECT_TRUE(tensors_close(inner->weight.grad(), g_inner));
   EXPECT_EQ(fired, 3);
+}
+// `detach` of a view after an in-place update: LibTorch 1.13's functionalization returned the
+// whole base (found by the fuzzer); such graphs must still give eager's results.
+TEST(Aot, DetachOfAViewAfterAnInPlaceUpdateMatchesEager) {
+  using Fn = std::function<torch::Tensor(torch::Tensor, torch::Tensor)>;
+  std::vector<Fn> fns = {
+      [](torch::Tensor x, torch::Tensor w) { x.select(1, 1).mul_(-2); return x.narrow(0, 0, 2).detach() * w; },
+      [](torch::Tensor x, torch::Tensor w) { x.select(1, 1).mul_(-2); return x.narrow(0, 0, 2).alias() * w; },
+      [](torch::Tensor x, torch::Tensor w) { x.select(1, 1).mul_(-2); return x.detach().narrow(0, 0, 2) * w; },
+      [](torch::Tensor x, torch::Tensor w) { x.mul_(-2); return x.narrow(0, 1, 2).detach() * w; },
+      [](torch::Tensor x, torch::Tensor w) {
+        auto y = x * w;
+        y.select(1, 1).mul_(-2);
+        return y.narrow(0, 1, 2).detach().detach() * w;
+      },
+      [](torch::Tensor x, torch::Tensor w) { x.select(1, 1).mul_(-2); return (x.t().detach() * 2).t() * w; },
+  };
+  for (bool grad : {false, true}) {
+    for (size_t k = 0; k < fns.size(); ++k) {
+      auto compiled = torch::compile(fns[k], "aot_eager");
+      for (int call = 0; call < 2; ++call) {
+        auto x = torch::randn({4, 3}), w = torch::randn({3}, torch::requires_grad(grad));
+        auto x2 = x.clone();
+        auto w2 = w.detach().clone().requires_grad_(grad);
+        auto e = fns[k](x, w);
+        auto a = compiled(x2, w2);
+        ASSERT_TRUE(tensors_close(e, a)) << "function " << k << ", grad " << grad;
+        ASSERT_TRUE(tensors_close(x, x2)) << "function " << k << ", grad " << grad;
+        if (grad) {
+          e.pow(2).sum().backward();
+          a.pow(2).sum().backward();
+          ASSERT_TRUE(tensors_close(w.grad(), w2.grad())) << "function " << k;
+        }
+      }
+    }
+  }
 }

@@ -328,3 +328,4 @@ TEST_P(BreakDefects, OneTensorPassedAsTwoArguments) {
 INSTANTIATE_TEST_SUITE_P(Backends, BreakDefects, ::testing::Values("eager", "aot_eager", "default"), backend_name);
 
 }  // namespace
+
