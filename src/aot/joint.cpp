@@ -135,6 +135,34 @@ bool liftable(const ir::GraphModule& gm, bool training, std::string* why) {
       return false;
     }
   }
+  if (training) {
+    // The compiled pair runs as one autograd Function, whose outputs autograd may not update in
+    // place when they are views (it cannot rebase the custom backward). Eager allows it, so a
+    // graph returning a view of one of its own results (`y.view(...)`, `y.narrow(...)`) runs
+    // under ordinary autograd. (Views of inputs are rebuilt outside the Function.)
+    for (const auto& out : gm.graph().output_node()->args().at(0).list()) {
+      if (!out) continue;
+      bool through_view = false;
+      ir::Value v = *out;
+      while (v.node->kind() == ir::NodeKind::CallFunction) {
+        const auto& returns = v.node->schema().returns();
+        const size_t r = returns.size() == 1 ? 0 : v.index;
+        if (r >= returns.size() || returns[r].alias_info() == nullptr) break;
+        through_view = through_view || !returns[r].alias_info()->isWrite();
+        const auto& schema_args = v.node->schema().arguments();
+        size_t i = 0;
+        while (i < schema_args.size() && !(schema_args[i].alias_info() != nullptr && v.node->args()[i].is_value())) ++i;
+        if (i == schema_args.size()) break;
+        v = v.node->args()[i].value();  // one step back along the alias chain, as memory_base walks
+      }
+      if (through_view && v.node->kind() == ir::NodeKind::CallFunction) {
+        if (why)
+          *why = "output '" + out->node->name() + "' is a view of the intermediate '" + v.node->name() +
+                 "', which callers may update in place";
+        return false;
+      }
+    }
+  }
   for (const auto& n : gm.graph().nodes()) {
     if (n->kind() == ir::NodeKind::CallModule) {
       if (why) *why = "the graph calls module '" + n->target() + "' opaquely (call_module)";

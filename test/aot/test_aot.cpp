@@ -610,3 +610,28 @@ TEST(Aot, DetachOfAViewAfterAnInPlaceUpdateMatchesEager) {
     }
   }
 }
+// Outputs that are views of the graph's own results, updated in place by the caller while
+// training (eager rebases the history of the viewed result): autograd forbids that on outputs
+// of a custom Function, so such graphs run under ordinary autograd (found by the fuzzer).
+TEST(Aot, ViewOutputsUpdatedInPlaceByTheCallerMatchEager) {
+  auto fn = [](torch::Tensor x, torch::Tensor w) {
+    auto y = x * w;
+    return std::make_tuple(y, y.view({12}), y.narrow(0, 1, 2));
+  };
+  auto compiled = torch::compile(fn, "aot_eager");
+  for (int call = 0; call < 2; ++call) {
+    auto x = torch::randn({4, 3}), w = torch::randn({3}, torch::requires_grad());
+    auto w2 = w.detach().clone().requires_grad_();
+    auto [a, b, c] = fn(x, w);
+    auto [a2, b2, c2] = compiled(x, w2);
+    b.mul_(w.sum());
+    b2.mul_(w2.sum());
+    c.add_(1);
+    c2.add_(1);
+    ASSERT_TRUE(tensors_close(a, a2));
+    ASSERT_TRUE(tensors_close(c, c2));
+    (a.pow(2).sum() + c.sum()).backward();
+    (a2.pow(2).sum() + c2.sum()).backward();
+    ASSERT_TRUE(tensors_close(w.grad(), w2.grad()));
+  }
+}
