@@ -53,10 +53,18 @@ GraphEffects effects_of(const ir::GraphModule& gm) {
 
 void StateSnapshot::save(const at::Tensor& t) {
   if (!t.defined()) return;
-  for (const auto& [live, copy] : tensors_)
-    if (live.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return;
+  for (const Saved& s : tensors_)
+    if (s.live.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return;
+  Saved s;
+  s.live = t;
+  s.view = t.is_view();
+  if (!s.view) {
+    s.grad_fn = t.grad_fn();
+    s.output_nr = t.output_nr();
+  }
   at::NoGradGuard no_grad;
-  tensors_.emplace_back(t, t.clone());
+  s.copy = t.clone();
+  tensors_.push_back(std::move(s));
 }
 
 void StateSnapshot::save_rng() {
@@ -71,8 +79,11 @@ void StateSnapshot::restore() const {
     at::NoGradGuard no_grad;
     // Newest first: where two saved tensors share memory (a buffer, then a view of it saved
     // after a segment changed it), the oldest copy is what was there when the call began.
-    for (auto it = tensors_.rbegin(); it != tensors_.rend(); ++it) it->first.copy_(it->second);
+    for (auto it = tensors_.rbegin(); it != tensors_.rend(); ++it) it->live.copy_(it->copy);
   }
+  for (const Saved& s : tensors_)
+    if (!s.view && s.live.grad_fn() != s.grad_fn)
+      torch::autograd::impl::set_gradient_edge(s.live, torch::autograd::Edge(s.grad_fn, s.output_nr));
   if (rng_) {
     at::Generator gen = at::detail::getDefaultCPUGenerator();
     at::Tensor state = rng_->get_state();

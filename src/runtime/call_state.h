@@ -6,6 +6,8 @@
 #include <torchcompile/ir/graph_module.h>
 
 #include <ATen/core/Generator.h>
+#include <torch/csrc/autograd/edge.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <optional>
 #include <string>
@@ -36,12 +38,20 @@ class StateSnapshot {
   void save(const at::Tensor& t);
   /// Save the default CPU generator (once).
   void save_rng();
-  /// Write every saved tensor and the generator back, in place.
+  /// Write every saved tensor and the generator back, in place, and give each saved tensor
+  /// that is not a view its autograd history back (an in-place op under grad mode gives its
+  /// target a new grad_fn; a view's history follows its base's).
   void restore() const;
   bool empty() const { return tensors_.empty() && !rng_; }
 
  private:
-  std::vector<std::pair<at::Tensor, at::Tensor>> tensors_;  // (live, copy)
+  struct Saved {
+    at::Tensor live, copy;
+    std::shared_ptr<torch::autograd::Node> grad_fn;  // when saved
+    uint32_t output_nr = 0;
+    bool view = false;
+  };
+  std::vector<Saved> tensors_;
   std::optional<at::Generator> rng_;
 };
 

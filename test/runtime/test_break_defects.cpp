@@ -325,6 +325,45 @@ TEST_P(BreakDefects, OneTensorPassedAsTwoArguments) {
   }
 }
 
+// An input updated in place from a parameter (it gets a grad_fn) before a break whose new
+// value makes the call start again: the restart must see the input as the call began, its
+// autograd history included, or the gradient takes the abandoned first attempt's path too
+// (found by the fuzzer, with a view of the input as a second argument).
+struct HistoryAcrossARestart : torch::nn::Module {
+  torch::Tensor w;
+  HistoryAcrossARestart() { w = register_parameter("w", torch::linspace(0.5, 1.5, 3)); }
+  torch::Tensor forward(torch::Tensor x, torch::Tensor n, torch::Tensor y) {
+    y.add_(n[0].item<int64_t>());
+    x.copy_(x + w);
+    const int64_t b = n[1].item<int64_t>();
+    return x * b;
+  }
+};
+
+TEST_P(BreakDefects, AutogradHistoryOfInputsIsRestoredWhenACallStartsAgain) {
+  auto m = std::make_shared<HistoryAcrossARestart>();
+  auto twin = std::make_shared<HistoryAcrossARestart>();
+  auto fast = torch::compile(m, backend());
+  for (bool view : {false, true}) {
+    for (auto v : {std::pair{1, 1}, {1, 2}, {2, 2}, {1, 3}, {2, 1}}) {
+      auto n = torch::tensor({v.first, v.second});
+      auto x = torch::randn({2, 3});
+      auto x2 = x.clone();
+      auto y = view ? x.view({2, 3}) : torch::zeros({2, 3});
+      auto y2 = view ? x2.view({2, 3}) : torch::zeros({2, 3});
+      auto expected = twin->forward(x, n, y);
+      auto actual = fast(x2, n, y2);
+      ASSERT_TRUE(tensors_close(expected, actual)) << v.first << ", " << v.second << ", view " << view;
+      ASSERT_TRUE(tensors_close(x, x2));
+      expected.sum().backward();
+      actual.sum().backward();
+      ASSERT_TRUE(tensors_close(twin->w.grad(), m->w.grad())) << v.first << ", " << v.second << ", view " << view;
+      twin->w.mutable_grad().reset();
+      m->w.mutable_grad().reset();
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, BreakDefects, ::testing::Values("eager", "aot_eager", "default"), backend_name);
 
 }  // namespace
