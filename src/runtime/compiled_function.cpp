@@ -558,8 +558,12 @@ std::vector<at::Tensor> CompiledFunction::rerun_forward(const CompiledEntry& ent
   }
   std::vector<capture::SegmentRecord>& records = traced.records;
 
-  // Walk the tree along the new trace while its segments are the compiled ones; attach the
-  // rest where it first differs.
+  // Walk the tree along the new trace, by the values it read, while its segments are the
+  // compiled ones; attach the rest at the first value with no continuation. Two values share a
+  // continuation only when it is the last segment and the same graph (a float compared on the
+  // host: `if (b.sum().item<float>() < 0)`): a value read at a break may be kept on the host and
+  // baked into any later segment (`b = n.item()`, two more breaks, then `x * b`), so a shared
+  // segment with breaks of its own would give one value's later segments to the other.
   BranchPoint* attach = nullptr;
   std::vector<c10::IValue> key;
   size_t first_new = 0;
@@ -569,19 +573,27 @@ std::vector<at::Tensor> CompiledFunction::rerun_forward(const CompiledEntry& ent
     if (!same_segment(*seg, records[0], ir::to_text(records[0].gm->graph()))) first_new = records.size() + 1;
     for (size_t i = 0; first_new == 0 && seg->branch && i + 1 < records.size(); ++i) {
       BranchPoint& bp = *seg->branch;
-      const std::string text = ir::to_text(records[i + 1].gm->graph());
-      Segment* match = nullptr;
-      for (const auto& c : bp.children)
-        if (same_segment(*c, records[i + 1], text)) match = c.get();
-      if (!match) {
+      Segment* known = bp.find(records[i].branch->key);
+      if (known == nullptr && !records[i + 1].branch) {
+        const std::string text = ir::to_text(records[i + 1].gm->graph());
+        for (const auto& c : bp.children)
+          if (!c->branch && same_segment(*c, records[i + 1], text) && c->spec.undefined == spec.undefined &&
+              c->spec.list_sizes == spec.list_sizes)
+            known = c.get();
+        if (known != nullptr) bp.remember(records[i].branch->key, known);
+      }
+      if (known == nullptr) {
         attach = &bp;
         key = records[i].branch->key;
         first_new = i + 1;
         if (bp.children.size() >= options_.cache_size_limit) bp.closed = true;
         break;
       }
-      bp.remember(records[i].branch->key, match);
-      seg = match;
+      if (!same_segment(*known, records[i + 1], ir::to_text(records[i + 1].gm->graph()))) {
+        first_new = records.size() + 1;  // the same values led elsewhere: host state
+        break;
+      }
+      seg = known;
     }
   }
   if (first_new > records.size()) {

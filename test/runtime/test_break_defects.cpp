@@ -336,7 +336,9 @@ struct HistoryAcrossARestart : torch::nn::Module {
     y.add_(n[0].item<int64_t>());
     x.copy_(x + w);
     const int64_t b = n[1].item<int64_t>();
-    return x * b;
+    y.narrow(0, 0, 1).copy_(y.narrow(0, 1, 1) + w);  // a view of the input given a grad_fn
+    const int64_t c = n[2].item<int64_t>();
+    return x * b + y * c;
   }
 };
 
@@ -345,8 +347,8 @@ TEST_P(BreakDefects, AutogradHistoryOfInputsIsRestoredWhenACallStartsAgain) {
   auto twin = std::make_shared<HistoryAcrossARestart>();
   auto fast = torch::compile(m, backend());
   for (bool view : {false, true}) {
-    for (auto v : {std::pair{1, 1}, {1, 2}, {2, 2}, {1, 3}, {2, 1}}) {
-      auto n = torch::tensor({v.first, v.second});
+    for (auto v : view ? std::vector<std::pair<int, int>>{{1, 1}, {1, 2}} : std::vector<std::pair<int, int>>{{1, 1}, {1, 2}, {2, 2}, {1, 3}, {2, 1}, {1, 1}}) {
+      auto n = torch::tensor({v.first, v.second, v.first == v.second ? 2 : 1});
       auto x = torch::randn({2, 3});
       auto x2 = x.clone();
       auto y = view ? x.view({2, 3}) : torch::zeros({2, 3});
@@ -361,6 +363,29 @@ TEST_P(BreakDefects, AutogradHistoryOfInputsIsRestoredWhenACallStartsAgain) {
       twin->w.mutable_grad().reset();
       m->w.mutable_grad().reset();
     }
+  }
+}
+
+// A value read at one break, kept on the host and used after a later break: the segment
+// between the breaks is the same graph for every value, but what follows it is not. Sharing that
+// segment between values gave one value's last graph to the other (found with a view argument
+// in the fuzzer's restart tests).
+struct KeepsAValueAcrossBreaks : torch::nn::Module {
+  torch::Tensor forward(torch::Tensor x, torch::Tensor n) {
+    const int64_t b = n[0].item<int64_t>();
+    torch::Tensor y = x + 1;
+    const bool positive = n[1].item<int64_t>() > 0;
+    return positive ? y * b : y * -b;
+  }
+};
+
+TEST_P(BreakDefects, AValueKeptOnTheHostSelectsItsOwnLaterSegments) {
+  auto m = std::make_shared<KeepsAValueAcrossBreaks>();
+  auto fast = torch::compile(m, backend());
+  auto x = torch::randn({3});
+  for (auto v : {std::pair{2, 1}, {3, 1}, {2, 1}, {3, 0}, {2, 0}, {3, 1}}) {
+    auto n = torch::tensor({v.first, v.second});
+    ASSERT_TRUE(tensors_equal(m->forward(x, n), fast(x, n))) << v.first << ", " << v.second;
   }
 }
 
