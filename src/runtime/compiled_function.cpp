@@ -176,7 +176,13 @@ void save_effects(const Segment& seg, const std::vector<const Segment*>& path, c
     for (size_t k = 0; !external && k <= path.size(); ++k)
       for (const auto& [name, attr] : (k < path.size() ? path[k] : &seg)->gm->attributes())
         external = external || same_storage(t, attr.first);
-    if (external) snap.save(t);
+    if (external) {
+      snap.save(t);
+      // The call's other arguments over the same memory (a view passed with its base) get a new
+      // autograd history from an in-place update of `t` too.
+      for (const at::Tensor& input : args.tensors)
+        if (same_storage(t, input)) snap.save_history(input);
+    }
   }
   for (const std::string& name : e.written_attributes) snap.save(seg.gm->attribute(name));
   if (e.random) snap.save_rng();

@@ -366,6 +366,38 @@ TEST_P(BreakDefects, AutogradHistoryOfInputsIsRestoredWhenACallStartsAgain) {
   }
 }
 
+// The same when only the view argument is updated: its base, the other argument, is not saved
+// for its contents (the update restores them through the view) but gets a grad_fn too.
+struct UpdatesOnlyTheView : torch::nn::Module {
+  torch::Tensor w;
+  UpdatesOnlyTheView() { w = register_parameter("w", torch::linspace(0.5, 1.5, 3)); }
+  torch::Tensor forward(torch::Tensor x, torch::Tensor n, torch::Tensor y) {
+    const int64_t a = n[0].item<int64_t>();
+    y.add_(w * a);
+    const int64_t b = n[1].item<int64_t>();
+    return x * b;
+  }
+};
+
+TEST_P(BreakDefects, AutogradHistoryOfTheBaseOfAnUpdatedViewArgumentIsRestored) {
+  auto m = std::make_shared<UpdatesOnlyTheView>();
+  auto twin = std::make_shared<UpdatesOnlyTheView>();
+  auto fast = torch::compile(m, backend());
+  for (auto v : {std::pair{1, 1}, {1, 2}, {2, 2}, {1, 3}, {2, 1}}) {
+    auto n = torch::tensor({v.first, v.second});
+    auto x = torch::randn({2, 3});
+    auto x2 = x.clone();
+    auto expected = twin->forward(x, n, x.view({2, 3}));
+    auto actual = fast(x2, n, x2.view({2, 3}));
+    ASSERT_TRUE(tensors_close(expected, actual)) << v.first << ", " << v.second;
+    expected.sum().backward();
+    actual.sum().backward();
+    ASSERT_TRUE(tensors_close(twin->w.grad(), m->w.grad())) << v.first << ", " << v.second;
+    twin->w.mutable_grad().reset();
+    m->w.mutable_grad().reset();
+  }
+}
+
 // A value read at one break, kept on the host and used after a later break: the segment
 // between the breaks is the same graph for every value, but what follows it is not. Sharing that
 // segment between values gave one value's last graph to the other (found with a view argument
