@@ -353,7 +353,8 @@ std::vector<at::Tensor> CompiledFunction::call_verified(const CallArgs& args, co
       if (verify_failure_.empty()) verify_failure_ = mismatch;
     }
     TORCH_WARN("torch::compile(", name_, ") verify: ", mismatch,
-               ". Does the forward depend on host state the trace cannot see (ARCHITECTURE decision 4)?");
+               ". Does the forward depend on host state the trace cannot see (a read of tensor data outside "
+               "the dispatcher, a counter)? See the README's Limitations");
   }
   return actual;
 }

@@ -20,6 +20,9 @@ struct ParityCase {
   bool grad;  // grad mode on during the calls
 };
 
+// What GoogleTest prints for GetParam() (otherwise the struct's raw bytes).
+void PrintTo(const ParityCase& c, std::ostream* os) { *os << c.backend << (c.grad ? ", grad on" : ", grad off"); }
+
 std::string case_name(const ::testing::TestParamInfo<ParityCase>& info) {
   return info.param.backend + (info.param.grad ? "_grad" : "_nograd");
 }
