@@ -1,4 +1,4 @@
-// AOT autograd: compiled forward *and* backward graphs (ARCHITECTURE decision 7, seed 003).
+// AOT autograd: compiled forward *and* backward graphs, as PyTorch's AOTAutograd.
 //
 // `aot_autograd(fw_compiler, bw_compiler)` wraps two backends into one backend, as
 // torch._dynamo.backends.common.aot_autograd does in Python. For each captured graph it

@@ -1,5 +1,5 @@
 // Module hooks for the LibTorch C++ frontend (PyTorch's nn.Module hooks), and state_dict with
-// hooks. ARCHITECTURE decision 6.
+// hooks (README: Module hooks and state_dict).
 //
 //     auto h = torchcompile::register_forward_hook(net->fc1,
 //         [&](torch::nn::Module&, const Tensors& inputs, const Tensors& outputs) { feats["fc1"] = outputs[0]; });

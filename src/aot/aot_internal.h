@@ -43,7 +43,7 @@ struct JointGraph {
   bool training = false;                  ///< a backward exists
 };
 
-/// Trace the joint graph of `gm` (ARCHITECTURE decision 7). Throws a c10::Error saying why when
+/// Trace the joint graph of `gm` (README: Training, AOT autograd). Throws a c10::Error saying why when
 /// the graph cannot be lifted. Uses and restores the CPU generator's state; leaves every tensor
 /// it was given untouched.
 JointGraph build_joint(const ir::GraphModule& gm, const std::vector<at::Tensor>& example_inputs,

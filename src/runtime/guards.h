@@ -94,7 +94,7 @@ class GuardSet {
     uint32_t children_begin, children_end;            // into children_
   };
 
-  // The hooks of one module as the trace saw them (ARCHITECTURE decision 6). check() reads
+  // The hooks of one module as the trace saw them. check() reads
   // them only when the global hook epoch moved since the last passing check.
   struct HookGuard {
     std::shared_ptr<torch::nn::Module> module;

@@ -6,7 +6,7 @@
 // TensorImpl), then redispatches below itself with its own key excluded, so ops called from
 // inside other ops are not recorded twice. The traced call computes its real results.
 //
-// Graph breaks (ARCHITECTURE decision 3). A data-dependent host read (`item()`, `is_nonzero`,
+// Graph breaks. A data-dependent host read (`item()`, `is_nonzero`,
 // `equal`, ...) ends the current graph *segment*: the tensors the forward still holds become
 // the segment's outputs, stored in numbered *slots* of the call's environment (inputs are slots
 // 0..n-1), the read is executed and its value becomes the key of a branch, and recording goes

@@ -29,7 +29,7 @@ struct CompileOptions {
   /// Run eager LibTorch next to every compiled call (on the same inputs, with the module's
   /// state and the random generator restored in between) and warn about the first output that
   /// differs beyond tolerance: catches forwards whose host logic the trace cannot see
-  /// (ARCHITECTURE decision 4). Also switched on by TORCHCOMPILE_VERIFY=1. Slow: for debugging.
+  /// (README: Graph breaks, logs, explain, verify). Also switched on by TORCHCOMPILE_VERIFY=1. Slow: for debugging.
   bool verify = false;
 
   CompileOptions() = default;
