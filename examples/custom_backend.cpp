@@ -1,4 +1,4 @@
-// Custom backends registered by name, and seed 000's composable backend.
+// Custom backends registered by name, and the composable backend of PyTorch's custom-backends guide.
 #include <torch/torch.h>
 #include <torchcompile/torchcompile.h>
 
@@ -42,7 +42,7 @@ std::string join(const std::vector<std::string>& names) {
 // Registered at static initialization under the name "counting" (Python: @register_backend).
 TORCHCOMPILE_REGISTER_BACKEND(counting, counting_backend);
 
-// Seed 000's composable backend, written by hand: try each backend in turn, skipping those
+// The guide's composable backend, written by hand: try each backend in turn, skipping those
 // that are not available, throw or decline, and fall back to running the graph as captured.
 torchcompile::CompiledFn my_compiler(torchcompile::GraphModule& gm, const std::vector<torch::Tensor>& example_inputs) {
   for (const char* name : {"tensorrt", "small_graphs_only"}) {

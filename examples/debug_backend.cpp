@@ -1,4 +1,4 @@
-// Seed 000's "debugging backend" examples in C++: a custom backend that prints the captured
+// The "debugging backend" examples of PyTorch's custom-backends guide, in C++: a custom backend that prints the captured
 // graph and returns a callable running it, used on a function and on a module.
 #include <torch/torch.h>
 #include <torchcompile/torchcompile.h>

@@ -1,4 +1,4 @@
-// Feature extraction from a compiled model with forward hooks (seed 001's activation-capture
+// Feature extraction from a compiled model with forward hooks (PyTorch's nn.Module hooks guide: its activation-capture
 // use case), a traceable hook inlined into the graph, a backward hook, and what happens when a
 // hook is removed after compilation. Checks every result against eager LibTorch and exits
 // nonzero on a mismatch.

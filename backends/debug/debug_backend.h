@@ -1,4 +1,4 @@
-// The `debug` backend (seed 000's debugging backend): prints each captured graph as FX's
+// The `debug` backend (the debugging backend of PyTorch's custom-backends guide): prints each captured graph as FX's
 // table to stdout, then runs it with the interpreter.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The `torchscript` backend (seed 000's "speedy" backend): converts the captured graph to a
+// The `torchscript` backend (the "speedy" backend of PyTorch's custom-backends guide): converts the captured graph to a
 // torch::jit::Graph, runs TorchScript's inference-safe passes on it and executes it with a
 // torch::jit::GraphExecutor. A graph it cannot express runs with the interpreter (one warning).
 #pragma once

@@ -28,7 +28,7 @@ void register_builtin_backends() {
 #ifndef TORCHCOMPILE_HAVE_BACKEND_ONEDNN
   register_backend("default", &backends::eager_backend);
 #endif
-  // AOT forward and backward graphs, both run by the interpreter (seed 000's aot_eager).
+  // AOT forward and backward graphs, both run by the interpreter (PyTorch's aot_eager).
   register_backend("aot_eager", aot_autograd(&backends::eager_backend));
 #endif
 #ifdef TORCHCOMPILE_HAVE_BACKEND_DEBUG

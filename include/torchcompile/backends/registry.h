@@ -40,7 +40,7 @@ bool has_backend(const std::string& name);
 std::vector<std::string> list_backends(const std::vector<std::string>& exclude_tags = {"debug", "experimental"});
 
 /// A backend that tries each of `names` in order (a throwing or declining backend passes to the
-/// next) and, if all fail, returns the graph run by the interpreter: seed 000's composable
+/// next) and, if all fail, returns the graph run by the interpreter: PyTorch's composable
 /// backend as a function.
 Backend fallback_chain(std::vector<std::string> names);
 
