@@ -369,25 +369,20 @@ bool GuardSet::evaluate(const CallArgs& args, std::string* reason) const {
 
   // 3. Identity between inputs: the same tensors passed as the same arguments as when traced.
   // A few inputs are compared pairwise (no allocation, no sort); many are sorted.
-  if (n_tensors > 1 && n_tensors <= 16) {
+  if (n_tensors > 1) {
+    c10::SmallVector<Identity, 8> sorted;
+    if (n_tensors > 16) sorted = identities_of(inputs, n_tensors);
     for (size_t i = 1; i < n_tensors; ++i) {
       if (!tensors_[i].defined) continue;
-      const c10::TensorImpl* impl = inputs[i].unsafeGetTensorImpl();
       int32_t is = -1;
-      for (size_t j = 0; j < i && is < 0; ++j)
-        if (tensors_[j].defined && inputs[j].unsafeGetTensorImpl() == impl) is = static_cast<int32_t>(j);
+      if (n_tensors > 16) {
+        is = sorted[i].input;
+      } else {
+        const c10::TensorImpl* impl = inputs[i].unsafeGetTensorImpl();
+        for (size_t j = 0; j < i && is < 0; ++j)
+          if (tensors_[j].defined && inputs[j].unsafeGetTensorImpl() == impl) is = static_cast<int32_t>(j);
+      }
       const int32_t was = identity_[i].input;
-      if (was == is) continue;
-      if (was >= 0)
-        TC_GUARD_FAIL("tensor '", tensor_names_[i], "' was the same tensor as '", tensor_names_[was],
-                      "' when traced, and is not now");
-      TC_GUARD_FAIL("tensor '", tensor_names_[i], "' is the same tensor as '", tensor_names_[is],
-                    "', which it was not when traced");
-    }
-  } else if (n_tensors > 16) {
-    const auto now = identities_of(inputs, n_tensors);
-    for (size_t i = 0; i < n_tensors; ++i) {
-      const int32_t was = identity_[i].input, is = now[i].input;
       if (was == is) continue;
       if (was >= 0)
         TC_GUARD_FAIL("tensor '", tensor_names_[i], "' was the same tensor as '", tensor_names_[was],

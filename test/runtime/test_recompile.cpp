@@ -131,6 +131,29 @@ TEST(Recompile, AliasedInputsAreGuarded) {
   EXPECT_EQ(cc.frames(), 2);
 }
 
+// More than 16 tensor inputs take the sorted path of the identity check.
+TEST(Recompile, AliasedTensorsInALongListAreGuarded) {
+  CompileCounter cc;
+  auto fn = [](std::vector<torch::Tensor> xs) {
+    xs[0].add_(1);
+    torch::Tensor sum = xs[1] * 1;
+    for (size_t i = 2; i < xs.size(); ++i) sum = sum + xs[i];
+    return sum;
+  };
+  auto fast = torch::compile(fn, cc.backend());
+  auto make = [](bool alias) {
+    std::vector<torch::Tensor> xs;
+    for (int i = 0; i < 20; ++i) xs.push_back(torch::full({2}, static_cast<double>(i)));
+    if (alias) xs[1] = xs[0];
+    return xs;
+  };
+  for (bool alias : {false, true, false, true}) {
+    auto xs = make(alias), ys = make(alias);
+    EXPECT_TRUE(tensors_close(fn(xs), fast(ys))) << "alias " << alias;
+  }
+  EXPECT_EQ(cc.frames(), 2);
+}
+
 TEST(Recompile, InputsThatAreTheModulesOwnTensorsAreGuarded) {
   struct Scale : torch::nn::Module {
     torch::Tensor state;
