@@ -580,9 +580,9 @@ std::vector<at::Tensor> CompiledFunction::rerun_forward(const CompiledEntry& ent
     if (!same_segment(*seg, records[0], ir::to_text(records[0].gm->graph()))) first_new = records.size() + 1;
     for (size_t i = 0; first_new == 0 && seg->branch && i + 1 < records.size(); ++i) {
       BranchPoint& bp = *seg->branch;
+      const std::string text = ir::to_text(records[i + 1].gm->graph());
       Segment* known = bp.find(records[i].branch->key);
       if (known == nullptr && !records[i + 1].branch) {
-        const std::string text = ir::to_text(records[i + 1].gm->graph());
         for (const auto& c : bp.children)
           if (!c->branch && same_segment(*c, records[i + 1], text) && c->spec.undefined == spec.undefined &&
               c->spec.list_sizes == spec.list_sizes)
@@ -596,7 +596,7 @@ std::vector<at::Tensor> CompiledFunction::rerun_forward(const CompiledEntry& ent
         if (bp.children.size() >= options_.cache_size_limit) bp.closed = true;
         break;
       }
-      if (!same_segment(*known, records[i + 1], ir::to_text(records[i + 1].gm->graph()))) {
+      if (!same_segment(*known, records[i + 1], text)) {
         first_new = records.size() + 1;  // the same values led elsewhere: host state
         break;
       }
