@@ -4,6 +4,7 @@
 #include "runtime/logging.h"
 
 #include <torchcompile/ir/interpreter.h>
+#include <torchcompile/ir/op_step.h>
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -758,63 +759,17 @@ void Compiler::match() {
 struct AttrStep : Step {
   const at::Tensor* attr;
   uint32_t out;
-  void run(Ctx& c) const override { c.slots[out] = *attr; }
+  void run(Ctx& c) const override {
+    c.slots[out] = *attr;
+    if (c.below_autograd) c.below_autograd = ir::may_dispatch_below_autograd(attr, 1);
+  }
 };
 
+// An ATen call of a node oneDNN does not run: the interpreter's prepared step.
 struct AtenStep : Step {
-  struct TensorArg {
-    uint32_t stack_index, slot;
-    bool optional;
-  };
-  struct ListArg {
-    uint32_t stack_index;
-    std::vector<int32_t> slots;
-    bool optional_elements;
-  };
-  c10::OperatorHandle op;
-  std::vector<c10::IValue> stack_template;
-  std::vector<TensorArg> tensor_args;
-  std::vector<ListArg> list_args;
-  std::vector<uint32_t> return_counts;
-  std::vector<bool> return_is_list;
-  std::vector<uint32_t> out_slots;
-  std::string name;
-  explicit AtenStep(c10::OperatorHandle h) : op(std::move(h)) {}
-
-  void run(Ctx& c) const override {
-    torch::jit::Stack stack = stack_template;
-    for (const auto& ta : tensor_args) {
-      const at::Tensor& t = c.slots[ta.slot];
-      if (ta.optional && !t.defined()) continue;
-      stack[ta.stack_index] = t;
-    }
-    for (const auto& la : list_args) {
-      if (la.optional_elements) {
-        c10::List<c10::optional<at::Tensor>> list;
-        list.reserve(la.slots.size());
-        for (int32_t s : la.slots) list.push_back(s < 0 ? c10::optional<at::Tensor>() : c10::optional<at::Tensor>(c.slots[s]));
-        stack[la.stack_index] = std::move(list);
-      } else {
-        c10::List<at::Tensor> list;
-        list.reserve(la.slots.size());
-        for (int32_t s : la.slots) list.push_back(c.slots[s]);
-        stack[la.stack_index] = std::move(list);
-      }
-    }
-    op.callBoxed(&stack);
-    size_t o = 0;
-    for (size_t r = 0; r < return_counts.size(); ++r) {
-      c10::IValue& rv = stack[r];
-      if (return_is_list[r]) {
-        const auto& elems = rv.toListRef();
-        TORCH_CHECK(elems.size() == return_counts[r], name, " returned a list of ", elems.size(),
-                    " tensors; the traced call returned ", return_counts[r]);
-        for (const c10::IValue& e : elems) c.slots[out_slots[o++]] = e.isTensor() ? e.toTensor() : at::Tensor();
-      } else {
-        c.slots[out_slots[o++]] = rv.isTensor() ? std::move(rv).toTensor() : at::Tensor();
-      }
-    }
-  }
+  ir::OpStep call;
+  explicit AtenStep(ir::OpStep c) : call(std::move(c)) {}
+  void run(Ctx& c) const override { call.run(c.slots, *c.stack, c.below_autograd); }
 };
 
 inline void set_handle(const dnnl::memory& m, void* p) {
@@ -1076,46 +1031,12 @@ void Compiler::emit_node(Node* n) {
 }
 
 void Compiler::emit_aten(Node* n) {
-  auto step = std::make_unique<AtenStep>(n->op());
-  step->name = n->name();
-  std::vector<uint32_t> reads;
-  const auto& schema = n->schema();
-  step->stack_template.resize(n->args().size());
-  for (size_t i = 0; i < n->args().size(); ++i) {
-    const ir::Argument& a = n->args()[i];
-    const c10::TypePtr& type = schema.arguments()[i].type();
-    if (a.is_constant()) {
-      step->stack_template[i] = a.constant();
-    } else if (a.is_value()) {
-      uint32_t s = plain(a.value());
-      reads.push_back(s);
-      step->tensor_args.push_back({static_cast<uint32_t>(i), s, ir::is_optional_tensor_type(type)});
-    } else {
-      AtenStep::ListArg la;
-      la.stack_index = static_cast<uint32_t>(i);
-      auto list_type = type->cast<c10::ListType>();
-      TORCH_INTERNAL_ASSERT(list_type, "onednn backend: list argument for non-list parameter of ", n->name());
-      la.optional_elements = ir::is_optional_tensor_type(list_type->getElementType());
-      for (const auto& e : a.list()) {
-        if (!e) {
-          la.slots.push_back(-1);
-          continue;
-        }
-        uint32_t s = plain(*e);
-        reads.push_back(s);
-        la.slots.push_back(static_cast<int32_t>(s));
-      }
-      step->list_args.push_back(std::move(la));
-    }
-  }
-  step->return_counts = n->return_counts();
-  for (const auto& r : schema.returns()) step->return_is_list.push_back(r.type()->kind() == c10::TypeKind::ListType);
-  for (size_t i = 0; i < n->num_outputs(); ++i) {
-    uint32_t s = new_slot();
-    step->out_slots.push_back(s);
-    locs_[n->output(i)] = slot_loc(s);
-  }
-  push(std::move(step), std::move(reads));
+  std::vector<uint32_t> outs;
+  for (size_t i = 0; i < n->num_outputs(); ++i) outs.push_back(new_slot());
+  ir::OpStep call(*n, [&](const ir::Value& v) { return plain(v); }, outs);
+  for (size_t i = 0; i < n->num_outputs(); ++i) locs_[n->output(i)] = slot_loc(outs[i]);
+  std::vector<uint32_t> reads = call.reads();
+  push(std::make_unique<AtenStep>(std::move(call)), std::move(reads));
 }
 
 dnnl::post_ops make_post_ops(const Group& g, size_t kept, const std::vector<md_t>& add_mds, bool conv_sum) {

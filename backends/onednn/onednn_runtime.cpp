@@ -1,5 +1,7 @@
 #include "onednn_runtime.h"
 
+#include <torchcompile/ir/op_step.h>
+
 #include <ATen/ATen.h>
 
 #include <cstring>
@@ -133,6 +135,7 @@ void Program::release(std::unique_ptr<MemSet> ms) {
 std::vector<at::Tensor> Program::run(std::vector<at::Tensor> inputs) {
   TORCH_CHECK(inputs.size() == input_slots.size(), "onednn backend: the graph expects ", input_slots.size(),
               " inputs, got ", inputs.size());
+  const bool below_autograd = ir::may_dispatch_below_autograd(inputs.data(), inputs.size());
   std::vector<at::Tensor> slots(num_slots);
   for (size_t i = 0; i < inputs.size(); ++i) slots[input_slots[i]] = std::move(inputs[i]);
   inputs.clear();
@@ -144,7 +147,8 @@ std::vector<at::Tensor> Program::run(std::vector<at::Tensor> inputs) {
     ~Release() { p->release(std::move(ms)); }
   } release_guard{this, ms};
 
-  Ctx ctx{slots.data(), ms.get(), thread_stream()};
+  ir::ScratchStack stack;
+  Ctx ctx{slots.data(), ms.get(), thread_stream(), &stack.get(), below_autograd};
   for (const auto& step : steps) {
     step->run(ctx);
     for (uint32_t s : step->free_after) slots[s].reset();

@@ -36,6 +36,8 @@ struct Ctx {
   at::Tensor* slots;
   MemSet* ms;
   dnnl_stream_t stream;
+  std::vector<c10::IValue>* stack;  // scratch of the ATen steps
+  bool below_autograd;               // see ir::may_dispatch_below_autograd
 };
 
 /// A plain fp32 tensor a primitive reads from a slot, with the layout the trace saw. A tensor

@@ -1,41 +1,22 @@
 #include <torchcompile/ir/interpreter.h>
 
+#include <torchcompile/ir/op_step.h>
+
 #include <ATen/core/stack.h>
+#include <c10/util/SmallVector.h>
 
 #include <unordered_map>
 
 namespace torchcompile::ir {
 
-namespace {
-
-constexpr int32_t kNone = -1;
-
-}  // namespace
-
 struct Interpreter::Plan {
-  // Where a tensor argument comes from.
-  struct TensorArg {
-    uint32_t stack_index;
-    uint32_t slot;
-    bool optional;  // an undefined tensor is passed as None
-  };
-  // A Tensor[] or Tensor?[] argument.
-  struct ListArg {
-    uint32_t stack_index;
-    std::vector<int32_t> slots;  // kNone for a None element
-    bool optional_elements;
-  };
   enum class Kind : uint8_t { Call, GetAttr, Module };
   struct Step {
     Kind kind = Kind::Call;
-    std::optional<c10::OperatorHandle> op;
+    std::optional<OpStep> call;
     const at::Tensor* attribute = nullptr;  // GetAttr: the GraphModule's entry, read live
     const ModuleFn* module = nullptr;
-    std::vector<c10::IValue> stack_template;
-    std::vector<TensorArg> tensor_args;
-    std::vector<ListArg> list_args;
-    std::vector<uint32_t> return_counts;
-    std::vector<bool> return_is_list;
+    std::vector<uint32_t> module_args;
     std::vector<uint32_t> out_slots;
     std::vector<uint32_t> free_after;  // slots whose last use is this step
     std::string name;                  // for error messages
@@ -89,12 +70,11 @@ Interpreter::Interpreter(const GraphModule& gm) : plan_(std::make_unique<Plan>()
         Plan::Step step;
         step.kind = Plan::Kind::Module;
         step.module = &gm.submodule(n->target());
-        for (size_t i = 0; i < n->args().size(); ++i) {
-          const Argument& a = n->args()[i];
+        for (const Argument& a : n->args()) {
           TORCH_CHECK(a.is_value(), "call_module ", n->name(), ": arguments must be tensor values");
           uint32_t s = slot(a.value());
           note_use(s);
-          step.tensor_args.push_back({static_cast<uint32_t>(i), s, false});
+          step.module_args.push_back(s);
         }
         step.out_slots = new_slots(n);
         step.name = n->name();
@@ -103,40 +83,9 @@ Interpreter::Interpreter(const GraphModule& gm) : plan_(std::make_unique<Plan>()
       }
       case NodeKind::CallFunction: {
         Plan::Step step;
-        step.op = n->op();
+        step.call.emplace(*n, slot, new_slots(n));
+        for (uint32_t s : step.call->reads()) note_use(s);
         step.name = n->name();
-        const auto& schema = n->schema();
-        step.stack_template.resize(n->args().size());
-        for (size_t i = 0; i < n->args().size(); ++i) {
-          const Argument& a = n->args()[i];
-          const c10::TypePtr& type = schema.arguments()[i].type();
-          if (a.is_constant()) {
-            step.stack_template[i] = a.constant();
-          } else if (a.is_value()) {
-            uint32_t s = slot(a.value());
-            note_use(s);
-            step.tensor_args.push_back({static_cast<uint32_t>(i), s, is_optional_tensor_type(type)});
-          } else {
-            Plan::ListArg la;
-            la.stack_index = static_cast<uint32_t>(i);
-            auto list_type = type->cast<c10::ListType>();
-            TORCH_INTERNAL_ASSERT(list_type, "interpreter: list argument for non-list parameter of ", n->name());
-            la.optional_elements = is_optional_tensor_type(list_type->getElementType());
-            for (const auto& e : a.list()) {
-              if (!e) {
-                la.slots.push_back(kNone);
-                continue;
-              }
-              uint32_t s = slot(*e);
-              note_use(s);
-              la.slots.push_back(static_cast<int32_t>(s));
-            }
-            step.list_args.push_back(std::move(la));
-          }
-        }
-        step.return_counts = n->return_counts();
-        for (const auto& r : schema.returns()) step.return_is_list.push_back(r.type()->kind() == c10::TypeKind::ListType);
-        step.out_slots = new_slots(n);
         p.steps.push_back(std::move(step));
         break;
       }
@@ -157,6 +106,16 @@ Interpreter::Interpreter(const GraphModule& gm) : plan_(std::make_unique<Plan>()
   for (uint32_t s = 0; s < p.num_slots; ++s) {
     if (last_use[s] < p.steps.size()) p.steps[last_use[s]].free_after.push_back(s);
   }
+  // A step may compute in place in its first argument when that argument dies there.
+  size_t index = 0;
+  for (const auto& owned : gm.graph().nodes()) {
+    const Node* n = owned.get();
+    if (n->kind() == NodeKind::Placeholder || n->kind() == NodeKind::Output) continue;
+    Plan::Step& step = p.steps[index++];
+    if (!step.call || step.call->reads().empty()) continue;
+    const uint32_t self = step.call->reads().front();
+    if (last_use[self] == index - 1) step.call->enable_self_reuse(*n);
+  }
 }
 
 Interpreter::~Interpreter() = default;
@@ -167,62 +126,34 @@ std::vector<at::Tensor> Interpreter::run(std::vector<at::Tensor> inputs) const {
   const Plan& p = *plan_;
   TORCH_CHECK(inputs.size() == p.input_slots.size(), "graph expects ", p.input_slots.size(), " inputs, got ",
               inputs.size());
-  std::vector<at::Tensor> slots(p.num_slots);
+  // Decided once per call from the inputs; an attribute that may carry a forward gradient turns
+  // it off from its get_attr on (no earlier step can read it).
+  bool below_autograd = may_dispatch_below_autograd(inputs.data(), inputs.size());
+  c10::SmallVector<at::Tensor, 64> slots(p.num_slots);
   for (size_t i = 0; i < inputs.size(); ++i) slots[p.input_slots[i]] = std::move(inputs[i]);
   inputs.clear();
 
-  torch::jit::Stack stack;
+  ScratchStack scratch;
+  torch::jit::Stack& stack = scratch.get();
   for (const Plan::Step& step : p.steps) {
     switch (step.kind) {
       case Plan::Kind::GetAttr:
         slots[step.out_slots[0]] = *step.attribute;
+        if (below_autograd) below_autograd = may_dispatch_below_autograd(step.attribute, 1);
         continue;
       case Plan::Kind::Module: {
         std::vector<at::Tensor> args;
-        args.reserve(step.tensor_args.size());
-        for (const auto& ta : step.tensor_args) args.push_back(slots[ta.slot]);
+        args.reserve(step.module_args.size());
+        for (uint32_t s : step.module_args) args.push_back(slots[s]);
         std::vector<at::Tensor> outs = (*step.module)(args);
         TORCH_CHECK(outs.size() == step.out_slots.size(), "call_module ", step.name, " returned ", outs.size(),
                     " tensors, the graph expects ", step.out_slots.size());
         for (size_t i = 0; i < outs.size(); ++i) slots[step.out_slots[i]] = std::move(outs[i]);
         break;
       }
-      case Plan::Kind::Call: {
-        stack = step.stack_template;
-        for (const auto& ta : step.tensor_args) {
-          const at::Tensor& t = slots[ta.slot];
-          if (ta.optional && !t.defined()) continue;  // the template holds None
-          stack[ta.stack_index] = t;
-        }
-        for (const auto& la : step.list_args) {
-          if (la.optional_elements) {
-            c10::List<c10::optional<at::Tensor>> list;
-            list.reserve(la.slots.size());
-            for (int32_t s : la.slots) list.push_back(s == kNone ? c10::optional<at::Tensor>() : slots[s]);
-            stack[la.stack_index] = std::move(list);
-          } else {
-            c10::List<at::Tensor> list;
-            list.reserve(la.slots.size());
-            for (int32_t s : la.slots) list.push_back(slots[s]);
-            stack[la.stack_index] = std::move(list);
-          }
-        }
-        step.op->callBoxed(&stack);
-        size_t o = 0;
-        for (size_t r = 0; r < step.return_counts.size(); ++r) {
-          c10::IValue& rv = stack[r];
-          if (step.return_is_list[r]) {
-            const auto& elems = rv.toListRef();
-            TORCH_CHECK(elems.size() == step.return_counts[r], step.name, " returned a list of ", elems.size(),
-                        " tensors; the traced call returned ", step.return_counts[r]);
-            for (const c10::IValue& e : elems) slots[step.out_slots[o++]] = e.isTensor() ? e.toTensor() : at::Tensor();
-          } else {
-            slots[step.out_slots[o++]] = rv.isTensor() ? std::move(rv).toTensor() : at::Tensor();
-          }
-        }
-        stack.clear();
+      case Plan::Kind::Call:
+        step.call->run(slots.data(), stack, below_autograd);
         break;
-      }
     }
     for (uint32_t s : step.free_after) slots[s].reset();
   }

@@ -7,10 +7,12 @@
 #include "runtime/logging.h"
 #include "runtime/trace_context.h"
 
+#include <torchcompile/ir/op_step.h>
 #include <torchcompile/ir/printer.h>
 
 #include <ATen/core/stack.h>
 
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 #include <torch/nn/module.h>
 
@@ -126,9 +128,18 @@ std::vector<at::Tensor> run_segment(const Segment& seg, const std::vector<at::Te
 // Execute the host read of a branch point on this call's tensors.
 std::vector<c10::IValue> read_key(const BranchPoint& bp, const std::vector<at::Tensor>& env) {
   torch::jit::Stack stack = bp.record.stack_template;
-  for (const auto& [index, slot] : bp.record.tensor_args) stack[index] = env[slot];
-  bp.record.op.callBoxed(&stack);
-  return std::vector<c10::IValue>(stack.begin(), stack.end());
+  // The read dispatches as the interpreter's steps do (ir::may_dispatch_below_autograd).
+  bool below_autograd = true;
+  for (const auto& [index, slot] : bp.record.tensor_args) {
+    stack[index] = env[slot];
+    below_autograd = below_autograd && ir::may_dispatch_below_autograd(&env[slot], 1);
+  }
+  {
+    std::optional<c10::impl::ExcludeDispatchKeyGuard> skip;
+    if (below_autograd) skip.emplace(c10::autograd_dispatch_keyset);
+    bp.record.op.callBoxed(&stack);
+  }
+  return stack;
 }
 
 bool same_segment(const Segment& a, const capture::SegmentRecord& b, const std::string& b_text) {

@@ -3,6 +3,9 @@
 
 #include <torchcompile/ir/graph_module.h>
 #include <torchcompile/ir/interpreter.h>
+#include <torchcompile/ir/op_step.h>
+
+#include <torch/csrc/autograd/forward_grad.h>
 
 #include <thread>
 
@@ -73,3 +76,163 @@ TEST(Interpreter, RejectsWrongInputCountAndIsThreadSafe) {
 }
 
 }  // namespace
+
+// ---- in-place reuse of dead intermediates and dispatch below autograd ------------------------
+
+namespace {
+
+// x -> sin -> a; exp(a) -> b; outputs chosen by the caller.
+struct SinExp {
+  std::shared_ptr<GraphModule> gm = std::make_shared<GraphModule>();
+  Node* sin = nullptr;
+  Node* exp = nullptr;
+  explicit SinExp(const torch::Tensor& x) {
+    Graph& g = gm->graph();
+    Value in = g.placeholder("x", TensorMeta::of(x));
+    sin = g.call_function(find_op("aten::sin"), {in}, {TensorMeta::of(x)});
+    exp = g.call_function(find_op("aten::exp"), {sin->output()}, {TensorMeta::of(x)});
+  }
+};
+
+}  // namespace
+
+TEST(OpStepReuse, PlanRuleNeedsAFreshSameLayoutResultReadOnce) {
+  auto x = torch::randn({4, 3});
+  SinExp f(x);
+  auto slot = [](const Value&) { return uint32_t{0}; };
+  OpStep exp_step(*f.exp, slot, {1});
+  EXPECT_TRUE(exp_step.enable_self_reuse(*f.exp));  // sin's result, same dtype/sizes/strides
+  OpStep sin_step(*f.sin, slot, {1});
+  EXPECT_FALSE(sin_step.enable_self_reuse(*f.sin));  // reads a placeholder: maybe the caller's memory
+
+  Graph& g = f.gm->graph();
+  // A result of another dtype or shape cannot be written into self.
+  Node* to_double = g.call_function(find_op("aten::_to_copy"),
+                                    {f.exp->output(), c10::IValue(c10::ScalarType::Double), c10::IValue(), c10::IValue(),
+                                     c10::IValue(), c10::IValue(false), c10::IValue()},
+                                    {TensorMeta::of(x.to(torch::kDouble))});
+  EXPECT_FALSE(OpStep(*to_double, slot, {2}).enable_self_reuse(*to_double));
+  Node* sum = g.call_function(find_op("aten::sum.dim_IntList"),
+                              {f.exp->output(), c10::IValue(std::vector<int64_t>{1}), c10::IValue(false), c10::IValue()},
+                              {TensorMeta::of(x.sum(1))});
+  EXPECT_FALSE(OpStep(*sum, slot, {2}).enable_self_reuse(*sum));
+  // self read twice by the node (mul(a, a)): no.
+  Node* square = g.call_function(find_op("aten::mul.Tensor"), {f.exp->output(), f.exp->output()}, {TensorMeta::of(x)});
+  auto distinct = [&](const Value& v) { return v == f.exp->output() ? uint32_t{2} : uint32_t{0}; };
+  EXPECT_FALSE(OpStep(*square, distinct, {3}).enable_self_reuse(*square));
+  // A view's result (t) is not fresh: relu of it may not run in place.
+  Node* view = g.call_function(find_op("aten::view"), {f.exp->output(), c10::IValue(std::vector<int64_t>{12})},
+                               {TensorMeta::of(x.view({12}))});
+  Node* relu = g.call_function(find_op("aten::relu"), {view->output()}, {TensorMeta::of(x.view({12}))});
+  EXPECT_FALSE(OpStep(*relu, slot, {4}).enable_self_reuse(*relu));
+  // Random operators are never rewritten.
+  Node* drop = g.call_function(find_op("aten::dropout"), {f.exp->output(), c10::IValue(0.5), c10::IValue(true)},
+                               {TensorMeta::of(x)});
+  EXPECT_FALSE(OpStep(*drop, slot, {5}).enable_self_reuse(*drop));
+}
+
+TEST(OpStepReuse, RunsInPlaceOnlyWhenTheSlotIsTheOnlyReference) {
+  auto x = torch::randn({4, 3});
+  SinExp f(x);
+  OpStep exp_step(*f.exp, [](const Value&) { return uint32_t{0}; }, {1});
+  ASSERT_TRUE(exp_step.enable_self_reuse(*f.exp));
+  torch::jit::Stack stack;
+  {
+    // The slot holds the only reference: exp runs in place, in the same memory.
+    std::vector<at::Tensor> slots{x.sin(), at::Tensor()};
+    void* memory = slots[0].data_ptr();
+    exp_step.run(slots.data(), stack, /*below_autograd=*/true);
+    EXPECT_EQ(slots[1].data_ptr(), memory);
+    EXPECT_TRUE(tc_test::tensors_close(x.sin().exp(), slots[1]));
+  }
+  {
+    // Someone else holds the tensor: it keeps its value.
+    std::vector<at::Tensor> slots{x.sin(), at::Tensor()};
+    at::Tensor other = slots[0];
+    exp_step.run(slots.data(), stack, true);
+    EXPECT_NE(slots[1].data_ptr(), other.data_ptr());
+    EXPECT_TRUE(tc_test::tensors_equal(x.sin(), other));
+  }
+  {
+    // A view of it is alive: same.
+    std::vector<at::Tensor> slots{x.sin(), at::Tensor()};
+    at::Tensor view = slots[0].view({12});
+    exp_step.run(slots.data(), stack, true);
+    EXPECT_TRUE(tc_test::tensors_equal(x.sin().view({12}), view));
+  }
+  {
+    // With the autograd keys in use (grad mode), never in place.
+    std::vector<at::Tensor> slots{x.sin(), at::Tensor()};
+    void* memory = slots[0].data_ptr();
+    exp_step.run(slots.data(), stack, false);
+    EXPECT_NE(slots[1].data_ptr(), memory);
+  }
+}
+
+// Randomized: chains of pointwise ops whose intermediates are also returned (as themselves or
+// through views) at random; every output equals eager, under no_grad and with grad enabled.
+TEST(OpStepReuse, RandomChainsWithVisibleIntermediatesMatchEager) {
+  torch::manual_seed(7);
+  const char* unary[] = {"aten::sin", "aten::exp", "aten::relu", "aten::neg", "aten::tanh"};
+  for (int trial = 0; trial < 60; ++trial) {
+    auto x = torch::randn({5, 4});
+    auto gm = std::make_shared<GraphModule>();
+    Graph& g = gm->graph();
+    Value v = g.placeholder("x", TensorMeta::of(x));
+    std::vector<Value> outs;
+    std::vector<std::function<torch::Tensor(const torch::Tensor&)>> expected;
+    std::function<torch::Tensor(const torch::Tensor&)> chain = [](const torch::Tensor& t) { return t; };
+    const int length = 2 + trial % 6;
+    for (int i = 0; i < length; ++i) {
+      const char* op = unary[(trial * 7 + i * 3) % 5];
+      Node* n = g.call_function(find_op(op), {v}, {TensorMeta::of(x)});
+      v = n->output();
+      auto fn = find_op(op);
+      chain = [chain, fn](const torch::Tensor& t) {
+        torch::jit::Stack s{chain(t)};
+        fn.callBoxed(&s);
+        return s[0].toTensor();
+      };
+      const int r = (trial + i * 5) % 4;
+      if (r == 0 && i + 1 < length) {  // the intermediate itself is an output
+        outs.push_back(v);
+        expected.push_back(chain);
+      } else if (r == 1 && i + 1 < length) {  // a view of it is an output
+        Node* view = g.call_function(find_op("aten::view"), {v, c10::IValue(std::vector<int64_t>{20})},
+                                     {TensorMeta::of(x.view({20}))});
+        outs.push_back(view->output());
+        expected.push_back([chain](const torch::Tensor& t) { return chain(t).view({20}); });
+      }
+    }
+    outs.push_back(v);
+    expected.push_back(chain);
+    g.output(outs);
+    for (bool grad : {false, true}) {
+      torch::AutoGradMode mode(grad);
+      auto got = gm->forward({x});
+      ASSERT_EQ(got.size(), expected.size());
+      for (size_t i = 0; i < got.size(); ++i)
+        EXPECT_TRUE(tc_test::tensors_close(expected[i](x), got[i])) << "trial " << trial << " output " << i;
+    }
+  }
+}
+
+TEST(OpStepReuse, ForwardModeGradientsStillPropagate) {
+  auto x = torch::randn({4, 3});
+  auto tangent = torch::randn({4, 3});
+  SinExp f(x);
+  f.gm->graph().output({f.exp->output()});
+  const uint64_t level = torch::autograd::ForwardADLevel::get_next_idx();
+  {
+    torch::NoGradGuard no_grad;  // forward-mode AD ignores grad mode, as eager does
+    auto dual = at::_make_dual(x, tangent, static_cast<int64_t>(level));
+    auto got = f.gm->forward({dual})[0];
+    auto want = dual.sin().exp();
+    auto got_tangent = std::get<1>(at::_unpack_dual(got, static_cast<int64_t>(level)));
+    auto want_tangent = std::get<1>(at::_unpack_dual(want, static_cast<int64_t>(level)));
+    ASSERT_TRUE(want_tangent.defined());
+    ASSERT_TRUE(got_tangent.defined());
+    EXPECT_TRUE(tc_test::tensors_close(want_tangent, got_tangent));
+  }
+  torch::autograd::ForwardADLevel::release_idx(level);
+}

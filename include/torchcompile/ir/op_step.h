@@ -1,0 +1,96 @@
+// One call_function node prepared for execution over numbered value slots: the step every
+// executor of a graph shares (the interpreter, and the ATen steps of backends that lower part
+// of a graph and leave the rest to ATen).
+#pragma once
+
+#include <torchcompile/ir/graph.h>
+
+#include <ATen/core/stack.h>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace torchcompile::ir {
+
+/// A boxed operator call prepared once: the operator handle, a stack template with the constant
+/// arguments in place, and the slots each tensor argument is read from and each output is
+/// written to. run() does no lookups and no schema parsing.
+class OpStep {
+ public:
+  /// `slot_of` gives the slot of each value the node reads; `out_slots` receive its outputs in
+  /// order (one per node output).
+  OpStep(const Node& n, const std::function<uint32_t(const Value&)>& slot_of, std::vector<uint32_t> out_slots);
+
+  /// Call the operator on `slots`, using `stack` as scratch (its capacity is reused from call
+  /// to call). With `below_autograd` the call skips the autograd dispatch keys (see
+  /// may_dispatch_below_autograd).
+  void run(at::Tensor* slots, torch::jit::Stack& stack, bool below_autograd) const;
+
+  /// Let run() compute the node in place in its first argument (`self`) with the operator's
+  /// in-place overload (`add.Tensor` -> `add_.Tensor`) when that tensor is an intermediate no
+  /// one else can see: the caller promises `self`'s slot dies at this step; the node's operator
+  /// must be deterministic with one result whose dtype, sizes and strides equal `self`'s, and
+  /// `self` must be another operator's fresh (non-aliasing) result read once by this node. At
+  /// run time the reuse also needs the autograd keys skipped and the tensor and its storage
+  /// referenced only by the slot, and otherwise the step calls the out-of-place operator.
+  /// Returns whether the reuse was enabled. This saves an allocation per op, which is most of
+  /// the cost of small ops.
+  bool enable_self_reuse(const Node& n);
+
+  /// The slots the step reads, in argument order (a slot may repeat).
+  const std::vector<uint32_t>& reads() const { return reads_; }
+  const std::vector<uint32_t>& out_slots() const { return out_slots_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  struct TensorArg {
+    uint32_t stack_index;
+    uint32_t slot;
+    bool optional;  // an undefined tensor is passed as None
+  };
+  struct ListArg {  // a Tensor[] or Tensor?[] argument
+    uint32_t stack_index;
+    std::vector<int32_t> slots;  // -1 for a None element
+    bool optional_elements;
+  };
+  bool reuse_self(const at::Tensor& self) const;
+
+  c10::OperatorHandle op_;
+  std::optional<c10::OperatorHandle> inplace_op_;  // set by enable_self_reuse
+  uint32_t self_slot_ = 0;
+  std::vector<int64_t> self_sizes_, self_strides_;
+  std::vector<c10::IValue> stack_template_;
+  std::vector<TensorArg> tensor_args_;
+  std::vector<ListArg> list_args_;
+  std::vector<uint32_t> return_counts_;
+  std::vector<bool> return_is_list_;
+  std::vector<uint32_t> out_slots_;
+  std::vector<uint32_t> reads_;
+  std::string name_;
+};
+
+/// A scratch stack for OpStep::run, taken from a per-thread pool and given back on
+/// destruction: steady-state calls allocate no stack (nested calls take another one).
+class ScratchStack {
+ public:
+  ScratchStack();
+  ~ScratchStack();
+  ScratchStack(const ScratchStack&) = delete;
+  ScratchStack& operator=(const ScratchStack&) = delete;
+  torch::jit::Stack& get() { return stack_; }
+
+ private:
+  torch::jit::Stack stack_;
+};
+
+/// Whether the ATen calls of a graph run with these inputs and attributes may skip the autograd
+/// dispatch keys (Autograd*, not ADInplaceOrView): grad mode is disabled and no tensor can carry
+/// a forward-mode gradient. Then the autograd kernels would only redispatch (under no_grad they
+/// record nothing), so skipping them gives the same results, views and version counters as
+/// eager, without their cost. Modules and user code called from a graph run with the keys.
+bool may_dispatch_below_autograd(const at::Tensor* tensors, size_t n);
+
+}  // namespace torchcompile::ir
