@@ -1,7 +1,6 @@
 #include "onednn_backend.h"
 
 #include "onednn_runtime.h"
-#include "runtime/logging.h"
 
 #include <torchcompile/ir/interpreter.h>
 #include <torchcompile/ir/op_step.h>
@@ -1487,18 +1486,13 @@ std::shared_ptr<Program> Compiler::build() {
   return prog_;
 }
 
-CompiledFn interpreter_fn(GraphModule& gm) {
-  auto interpreter = std::make_shared<ir::Interpreter>(gm);
-  return [interpreter](std::vector<at::Tensor> inputs) { return interpreter->run(std::move(inputs)); };
-}
-
 }  // namespace
 
 Compiled compile(GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
   Compiled result;
-  auto interpret = [&](std::string reason) {
-    result.fn = interpreter_fn(gm);
-    result.interpreted = true;
+  auto decline_graph = [&](std::string reason) {
+    result.fn = nullptr;
+    result.declined = true;
     result.reason = std::move(reason);
     result.fused.clear();
     return result;
@@ -1507,23 +1501,24 @@ Compiled compile(GraphModule& gm, const std::vector<at::Tensor>& example_inputs)
     bool needs_grad = false;
     for (const auto& t : example_inputs) needs_grad |= t.defined() && t.requires_grad();
     for (const auto& [name, a] : gm.attributes()) needs_grad |= a.first.defined() && a.first.requires_grad();
-    if (needs_grad) return interpret("grad mode is enabled and an input or parameter requires grad");
+    if (needs_grad) return decline_graph("grad mode is enabled and an input or parameter requires grad");
   }
   for (const auto& n : gm.graph().nodes())
-    if (n->kind() == NodeKind::CallModule) return interpret("the graph has call_module nodes");
+    if (n->kind() == NodeKind::CallModule) return decline_graph("the graph has call_module nodes");
   try {
     Compiler c(gm);
     c.match();
-    if (c.num_groups() == 0) return interpret("nothing to fuse");
+    if (c.num_groups() == 0) return decline_graph("nothing to fuse");
     std::shared_ptr<Program> prog = c.build();
-    if (c.fused().empty()) return interpret("oneDNN accepted no fused primitive");
+    if (c.fused().empty()) return decline_graph("oneDNN accepted no fused primitive");
     result.fused = c.fused();
     result.blocked_values = c.blocked_values();
     result.winograd_convs = c.winograd_convs();
+    for (const auto& step : prog->steps) result.aten_ops += dynamic_cast<const AtenStep*>(step.get()) != nullptr;
     result.fn = [prog](std::vector<at::Tensor> inputs) { return prog->run(std::move(inputs)); };
   } catch (const std::exception& e) {
-    TORCH_WARN("onednn backend: cannot compile the graph (", e.what(), "); running it with the interpreter");
-    return interpret(std::string("compile error: ") + e.what());
+    TORCH_WARN("onednn backend: cannot compile the graph (", e.what(), "); declining it");
+    return decline_graph(std::string("compile error: ") + e.what());
   }
   return result;
 }
@@ -1532,17 +1527,11 @@ Compiled compile(GraphModule& gm, const std::vector<at::Tensor>& example_inputs)
 
 CompiledFn onednn_backend(GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
   onednn::Compiled c = onednn::compile(gm, example_inputs);
-  if (runtime::log_enabled(runtime::LogKind::Graph)) {
-    std::string msg = "onednn backend: ";
-    if (c.interpreted) {
-      msg += "interpreter (" + c.reason + ")";
-    } else {
-      msg += "fused " + std::to_string(c.fused.size()) + ":";
-      for (const auto& f : c.fused) msg += " " + f;
-      if (c.winograd_convs) msg += " (" + std::to_string(c.winograd_convs) + " conv(s) with the Winograd algorithm)";
-    }
-    runtime::log(runtime::LogKind::Graph, msg);
-  }
+  if (c.declined) return decline(c.reason);
+  for (const auto& f : c.fused) report_partition("onednn: " + f);
+  if (c.winograd_convs) report_partition("onednn: " + std::to_string(c.winograd_convs) + " conv(s) with the Winograd algorithm");
+  if (c.blocked_values) report_partition("onednn: " + std::to_string(c.blocked_values) + " value(s) kept in blocked layout");
+  if (c.aten_ops) report_partition("aten: " + std::to_string(c.aten_ops) + " other operator(s)");
   return std::move(c.fn);
 }
 

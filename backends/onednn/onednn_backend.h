@@ -35,9 +35,10 @@
 // scratchpad mode; scratchpad, blocked intermediates and oneDNN memory objects come from a pool
 // of per-call sets (created on first need, then reused), and each thread has its own stream.
 //
-// Training: with grad mode enabled and any input or parameter requiring grad, the backend returns
-// the interpreter (ATen autograd keeps gradients correct). A graph with nothing to fuse, or with
-// call_module nodes, also runs with the interpreter.
+// Declines (torchcompile::decline, with the reason): with grad mode enabled and any input or
+// parameter requiring grad (ATen autograd keeps gradients correct); a graph with nothing to
+// fuse, or with call_module nodes; a graph oneDNN accepts no primitive of; a compile error
+// (which also warns). `default` then runs the graph with the interpreter.
 #pragma once
 
 #include <torchcompile/backends/registry.h>
@@ -47,8 +48,8 @@
 
 namespace torchcompile::backends {
 
-/// The registered `onednn` backend (also `default` when oneDNN is compiled in).
-/// Logs the fusion report when TORCHCOMPILE_LOGS includes `graph`.
+/// The registered `onednn` backend (the first backend of `default` when oneDNN is compiled in).
+/// Reports each fused primitive as a part of the graph's partition (explain(), the logs).
 CompiledFn onednn_backend(GraphModule& gm, const std::vector<at::Tensor>& example_inputs);
 
 namespace onednn {
@@ -67,8 +68,11 @@ struct Compiled {
   /// Convolutions run with oneDNN's Winograd algorithm (3x3, stride 1; see
   /// TORCHCOMPILE_ONEDNN_WINOGRAD in the backend's source) rather than the direct one.
   size_t winograd_convs = 0;
-  /// True when the whole graph runs with the interpreter; `reason` says why.
-  bool interpreted = false;
+  /// Operators of the graph run by ATen (the interpreter's op steps) between the primitives.
+  size_t aten_ops = 0;
+  /// True when oneDNN declines the graph (`fn` is empty; the pipeline runs the next backend of a
+  /// chain or the interpreter); `reason` says why.
+  bool declined = false;
   std::string reason;
 };
 

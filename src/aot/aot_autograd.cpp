@@ -1,7 +1,7 @@
 // aot_autograd(): the backend wrapper, and the runtime that runs a compiled forward/backward
 // pair as one torch::autograd::Function.
 #include "aot/aot_internal.h"
-#include "runtime/logging.h"
+#include <torchcompile/logging.h>
 
 #include <torchcompile/ir/interpreter.h>
 #include <torchcompile/ir/printer.h>

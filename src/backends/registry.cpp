@@ -9,6 +9,7 @@
 
 #include "backends/builtin.h"
 #include "backends/registry_internal.h"
+#include "compile/pipeline.h"
 
 #include <c10/util/Exception.h>
 
@@ -222,8 +223,8 @@ Backend fallback_chain(std::vector<std::string> names) {
     for (const std::string& name : names) {
       std::string failure;
       try {
-        if (CompiledFn fn = lookup_backend(name)(gm, example_inputs)) return fn;
-        continue;  // declined: quietly try the next one
+        if (CompiledFn fn = pipeline::call_backend(lookup_backend(name), name, gm, example_inputs)) return fn;
+        continue;  // declined (recorded with its reason): try the next one
       } catch (const c10::Error& e) {
         failure = e.what_without_backtrace();
       } catch (const std::exception& e) {
@@ -238,9 +239,9 @@ Backend fallback_chain(std::vector<std::string> names) {
       }
       if (first) TORCH_WARN("fallback_chain: backend '", name, "' failed, trying the next one: ", failure);
     }
-    // Every backend failed or declined: run the graph with the interpreter. The GraphModule
-    // outlives the CompiledFn made from it, so a reference is enough.
-    return [&gm](std::vector<at::Tensor> inputs) { return gm.forward(std::move(inputs)); };
+    // Every backend declined or failed: run the graph with the interpreter.
+    if (CompileReport* report = detail::current_report()) report->backend = "interpreter";
+    return pipeline::interpreter_fn(gm);
   };
 }
 

@@ -517,16 +517,7 @@ struct Tracer::Impl {
       }
     }
     ir::Graph& g = gm->graph();
-    g.output(std::move(outputs));
-    ir::eliminate_dead_code(g);
-    ir::lint(g);
-    std::unordered_set<std::string> used;
-    for (const auto& n : g.nodes())
-      if (n->kind() == ir::NodeKind::GetAttr) used.insert(n->target());
-    std::vector<std::string> unused;
-    for (const auto& [name, attr] : gm->attributes())
-      if (!used.count(name)) unused.push_back(name);
-    for (const auto& name : unused) gm->remove_attribute(name);
+    g.output(std::move(outputs));  // dead code is left to the compile pipeline
 
     rec.gm = std::move(gm);
     rec.input_slots = std::move(segment_inputs);

@@ -2,9 +2,10 @@
 
 #include <torchcompile/capture/tracer.h>
 
+#include "compile/pipeline.h"
 #include "runtime/call_state.h"
 #include "runtime/guards.h"
-#include "runtime/logging.h"
+#include <torchcompile/logging.h>
 #include "runtime/trace_context.h"
 
 #include <torchcompile/ir/op_step.h>
@@ -66,6 +67,7 @@ struct Segment {
   CompiledFn fn;
   std::vector<uint32_t> input_slots;
   std::vector<uint32_t> output_slots;
+  CompileReport report;                 // which backend compiled it, declines, pipeline steps
   GraphEffects effects;                 // what running it changes: saved before, on calls that may re-run
   std::string text;                     // the graph as text: identical continuations are shared
   std::unique_ptr<BranchPoint> branch;  // null: the outputs are the call's results
@@ -230,16 +232,16 @@ size_t CompiledEntry::num_breaks() const {
 }
 
 namespace {
-void visit_segment(const Segment& s, const std::function<void(const GraphModule&)>& on_graph,
+void visit_segment(const Segment& s, const std::function<void(const GraphModule&, const CompileReport&)>& on_graph,
                    const std::function<void(const std::string&, const std::string&)>& on_break) {
-  on_graph(*s.gm);
+  on_graph(*s.gm, s.report);
   if (!s.branch) return;
   on_break(s.branch->op_name, capture::key_repr(s.branch->record.key));
   for (const auto& c : s.branch->children) visit_segment(*c, on_graph, on_break);
 }
 }  // namespace
 
-void CompiledEntry::visit(const std::function<void(const GraphModule& graph)>& on_graph,
+void CompiledEntry::visit(const std::function<void(const GraphModule& graph, const CompileReport& report)>& on_graph,
                           const std::function<void(const std::string& op, const std::string& value)>& on_break) const {
   std::lock_guard<std::mutex> lock(tree_mutex_);
   if (root_) visit_segment(*root_, on_graph, on_break);
@@ -408,8 +410,10 @@ std::unique_ptr<Segment> CompiledFunction::compile_chain(std::vector<capture::Se
     std::vector<at::Tensor> example_inputs;
     for (uint32_t s : seg->input_slots) example_inputs.push_back(slots.at(s));
     try {
-      seg->fn = backend_(*seg->gm, example_inputs);
-      if (!seg->fn) failure = "backend '" + options_.backend + "' declined the graph";
+      pipeline::CompiledGraph compiled =
+          pipeline::compile_graph(*seg->gm, example_inputs, backend_, options_.backend, name_);
+      seg->fn = std::move(compiled.fn);
+      seg->report = std::move(compiled.report);
     } catch (const std::exception& e) {
       failure = "backend '" + options_.backend + "' failed to compile: " + e.what();
     }

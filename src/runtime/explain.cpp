@@ -23,6 +23,12 @@ std::string ExplainOutput::str() const {
   }
   os << "Out Guards:\n";
   for (size_t i = 0; i < guards.size(); ++i) os << "  Guard " << i + 1 << ": " << guards[i] << "\n";
+  if (!compiled.empty()) os << "Compiled Graphs:\n";
+  for (size_t i = 0; i < compiled.size(); ++i) {
+    const std::vector<std::string> lines = compiled[i].describe();
+    os << "  Graph " << i + 1 << ": " << lines.front() << "\n";
+    for (size_t l = 1; l < lines.size(); ++l) os << "  " << lines[l] << "\n";
+  }
   return os.str();
 }
 
@@ -35,7 +41,8 @@ ExplainOutput explain_entry(const CompiledEntry& entry) {
   out.eager_reason = entry.eager_reason();
   if (entry.runs_eagerly() && !out.eager_reason.empty()) out.break_reasons.push_back(out.eager_reason);
   entry.visit(
-      [&](const GraphModule& gm) {
+      [&](const GraphModule& gm, const CompileReport& report) {
+        out.compiled.push_back(report);
         std::vector<std::string> ops;
         for (const auto& n : gm.graph().nodes())
           if (n->kind() == ir::NodeKind::CallFunction) ops.push_back(n->target());

@@ -1,4 +1,4 @@
-#include "runtime/logging.h"
+#include <torchcompile/logging.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -12,8 +12,9 @@ std::atomic<uint32_t> log_mask{kLogsUnread};
 
 namespace {
 
-constexpr LogKind kAllKinds[] = {LogKind::Recompiles, LogKind::Guards, LogKind::Graph, LogKind::GraphBreaks};
-constexpr uint32_t kAllMask = 0xFu;
+constexpr LogKind kAllKinds[] = {LogKind::Recompiles, LogKind::Guards, LogKind::Graph, LogKind::GraphBreaks,
+                                 LogKind::Passes};
+constexpr uint32_t kAllMask = 0x1Fu;
 
 std::mutex& env_mutex() {
   static std::mutex m;
@@ -50,6 +51,7 @@ const char* log_kind_name(LogKind kind) {
     case LogKind::Guards: return "guards";
     case LogKind::Graph: return "graph";
     case LogKind::GraphBreaks: return "graph_breaks";
+    case LogKind::Passes: return "passes";
   }
   return "?";
 }

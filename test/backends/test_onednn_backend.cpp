@@ -4,7 +4,7 @@
 #include "support/test_util.h"
 
 #include "../../backends/onednn/onednn_backend.h"
-#include "../../src/runtime/logging.h"
+#include <torchcompile/logging.h>
 
 #include <atomic>
 #include <functional>
@@ -24,7 +24,7 @@ struct Recorder {
     std::vector<std::string> fused;
     size_t blocked_values = 0;
     size_t winograd_convs = 0;
-    bool interpreted = false;
+    bool declined = false;
     std::string reason;
   };
   std::shared_ptr<std::vector<Entry>> entries = std::make_shared<std::vector<Entry>>();
@@ -36,7 +36,7 @@ struct Recorder {
     return [e, m](torchcompile::GraphModule& gm, const std::vector<at::Tensor>& inputs) {
       od::Compiled c = od::compile(gm, inputs);
       std::lock_guard<std::mutex> lock(*m);
-      e->push_back({c.fused, c.blocked_values, c.winograd_convs, c.interpreted, c.reason});
+      e->push_back({c.fused, c.blocked_values, c.winograd_convs, c.declined, c.reason});
       return c.fn;
     };
   }
@@ -85,7 +85,7 @@ TEST(OneDnnBackend, IsRegisteredAndDefaultUsesIt) {
   torch::NoGradGuard no_grad;
   torch::manual_seed(0);
   torch::nn::Sequential net(torch::nn::Linear(8, 16), torch::nn::ReLU());
-  torchcompile::runtime::set_logs("graph");
+  torchcompile::runtime::set_logs("passes");
   ::testing::internal::CaptureStderr();
   auto fast = torch::compile(net, "default");
   auto x = torch::randn({4, 8});
@@ -93,7 +93,8 @@ TEST(OneDnnBackend, IsRegisteredAndDefaultUsesIt) {
   torch::Tensor y = fast(x);
   std::string err = ::testing::internal::GetCapturedStderr();
   torchcompile::runtime::reset_logs();
-  EXPECT_THAT(err, ::testing::HasSubstr("onednn backend: fused 1: linear+bias+relu"));
+  EXPECT_THAT(err, ::testing::HasSubstr("compiled by onednn"));
+  EXPECT_THAT(err, ::testing::HasSubstr("part: onednn: linear+bias+relu"));
   EXPECT_TRUE(tc_test::tensors_close(net->forward(x), y, kRtol, kAtol));
 }
 
@@ -340,7 +341,7 @@ TEST(OneDnnBackend, UnmatchedOpsRunThroughATen) {
   fast(x);
   EXPECT_TRUE(tc_test::tensors_close(f(x), fast(x)));
   ASSERT_EQ(r2.entries->size(), 1u);
-  EXPECT_TRUE(r2.entries->at(0).interpreted);
+  EXPECT_TRUE(r2.entries->at(0).declined);
   torch::nn::Sequential dnet(torch::nn::Linear(8, 8), torch::nn::ReLU());
   dnet->to(torch::kDouble);
   Recorder r3;
@@ -424,7 +425,7 @@ TEST(OneDnnBackend, TrainingGraphsRunWithTheInterpreterAndGradientsMatch) {
       EXPECT_TRUE(tc_test::tensors_close(ref->parameters()[p].grad(), net->parameters()[p].grad(), kRtol, kAtol));
   }
   ASSERT_FALSE(r.entries->empty());
-  EXPECT_TRUE(r.entries->at(0).interpreted);
+  EXPECT_TRUE(r.entries->at(0).declined);
   EXPECT_THAT(r.entries->at(0).reason, ::testing::HasSubstr("grad"));
 }
 
@@ -593,3 +594,105 @@ TEST(OneDnnBackend, ThreadsRepackWhileOthersRun) {
 }
 
 }  // namespace
+
+// ---- declines, fallback chains and explain ------------------------------------------------------
+
+TEST(OneDnnDeclines, FallbackChainReachesTheNextBackendOnlyForDeclinedGraphs) {
+  torch::NoGradGuard no_grad;
+  auto reached = std::make_shared<std::atomic<int>>(0);
+  torchcompile::register_backend("onednn_test_next", [reached](torchcompile::GraphModule& gm, const std::vector<at::Tensor>&) {
+    ++*reached;
+    return torchcompile::CompiledFn([&gm](std::vector<at::Tensor> in) { return gm.forward(std::move(in)); });
+  });
+  auto chain = torchcompile::fallback_chain({"onednn", "onednn_test_next"});
+  // Pure pointwise: oneDNN has nothing to fuse and declines, so the next backend compiles it.
+  auto pointwise = [](torch::Tensor x) { return (x * 2).sin() + 1; };
+  auto x = torch::randn({8, 8});
+  auto e = torchcompile::explain(chain, pointwise, x);
+  EXPECT_EQ(reached->load(), 1);
+  ASSERT_EQ(e.compiled.size(), 1u);
+  EXPECT_EQ(e.compiled[0].backend, "onednn_test_next");
+  ASSERT_EQ(e.compiled[0].attempts.size(), 2u);
+  EXPECT_EQ(e.compiled[0].attempts[0].backend, "onednn");
+  EXPECT_EQ(e.compiled[0].attempts[0].outcome, torchcompile::BackendAttempt::Outcome::Declined);
+  EXPECT_EQ(e.compiled[0].attempts[0].reason, "nothing to fuse");
+  // A GEMM: oneDNN compiles it and the next backend is never asked.
+  torch::nn::Sequential net(torch::nn::Linear(8, 16), torch::nn::ReLU());
+  auto e2 = torchcompile::explain(chain, net, x);
+  EXPECT_EQ(reached->load(), 1);
+  ASSERT_EQ(e2.compiled.size(), 1u);
+  EXPECT_EQ(e2.compiled[0].backend, "onednn");
+  EXPECT_THAT(e2.compiled[0].partition, ::testing::Contains("onednn: linear+bias+relu"));
+}
+
+namespace {
+// M3 of the model suite: two conv-BN-ReLU blocks, global average pooling and a classifier.
+struct ConvNetImpl : torch::nn::Module {
+  ConvNetImpl()
+      : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 8, 3).padding(1)))),
+        bn1(register_module("bn1", torch::nn::BatchNorm2d(8))),
+        conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(8, 16, 3).padding(1)))),
+        bn2(register_module("bn2", torch::nn::BatchNorm2d(16))),
+        fc(register_module("fc", torch::nn::Linear(16, 10))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::relu(bn1(conv1(x)));
+    x = torch::relu(bn2(conv2(x)));
+    x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
+    return fc(x);
+  }
+  torch::nn::Conv2d conv1;
+  torch::nn::BatchNorm2d bn1;
+  torch::nn::Conv2d conv2;
+  torch::nn::BatchNorm2d bn2;
+  torch::nn::Linear fc;
+};
+TORCH_MODULE(ConvNet);
+}  // namespace
+
+TEST(OneDnnDeclines, ExplainDefaultListsThePartitionOfEachGraph) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(0);
+  ConvNet m3;
+  m3->eval();
+  auto e = torchcompile::explain("default", m3, torch::randn({2, 3, 16, 16}));
+  ASSERT_EQ(e.compiled.size(), 1u);
+  EXPECT_EQ(e.compiled[0].backend, "onednn");
+  EXPECT_THAT(e.compiled[0].partition, ::testing::Contains("onednn: conv+bias+bn+relu"));
+  EXPECT_THAT(e.compiled[0].partition, ::testing::Contains(::testing::HasSubstr("aten:")));
+  std::ostringstream printed;
+  printed << e;
+  EXPECT_THAT(printed.str(), ::testing::HasSubstr("Graph 1: compiled by onednn"));
+  EXPECT_THAT(printed.str(), ::testing::HasSubstr("part: onednn: conv+bias+bn+relu"));
+
+  // A mixed graph: a GEMM with its post-op, then pointwise work oneDNN leaves to ATen.
+  torch::nn::Linear lin(8, 8);
+  auto mixed = [l = lin.ptr()](torch::Tensor x) { return torch::sin(torch::relu(l->forward(x))) * 3; };
+  auto e2 = torchcompile::explain("default", mixed, torch::randn({4, 8}));
+  ASSERT_EQ(e2.compiled.size(), 1u);
+  EXPECT_EQ(e2.compiled[0].backend, "onednn");
+  EXPECT_THAT(e2.compiled[0].partition, ::testing::Contains("onednn: linear+bias+relu"));
+
+  // Training: oneDNN declines (grad mode) and `default` runs the graph with the interpreter.
+  torch::AutoGradMode grad(true);
+  m3->train();
+  auto e3 = torchcompile::explain("default", m3, torch::randn({2, 3, 16, 16}));
+  ASSERT_EQ(e3.compiled.size(), 1u);
+  EXPECT_EQ(e3.compiled[0].backend, "eager");
+  ASSERT_FALSE(e3.compiled[0].attempts.empty());
+  EXPECT_THAT(e3.compiled[0].attempts[0].reason, ::testing::HasSubstr("grad"));
+}
+
+TEST(OneDnnDeclines, PassesLogShowsEachStepWithItsTime) {
+  torch::NoGradGuard no_grad;
+  torch::nn::Sequential net(torch::nn::Linear(8, 16), torch::nn::ReLU());
+  torchcompile::runtime::set_logs("passes");
+  ::testing::internal::CaptureStderr();
+  auto fast = torch::compile(net, "default");
+  fast(torch::randn({4, 8}));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  torchcompile::runtime::reset_logs();
+  EXPECT_THAT(err, ::testing::ContainsRegex("step lint \\(the captured graph\\) \\([0-9.]+ ms\\)"));
+  EXPECT_THAT(err, ::testing::ContainsRegex("step dead-code elimination \\([0-9.]+ ms\\)"));
+  EXPECT_THAT(err, ::testing::ContainsRegex("step backend default \\([0-9.]+ ms\\)"));
+  EXPECT_THAT(err, ::testing::HasSubstr("compiled by onednn"));
+}

@@ -3,6 +3,8 @@
 #include "support/test_util.h"
 
 #include <torchcompile/backends/registry.h>
+#include <torchcompile/logging.h>
+#include <torchcompile/torchcompile.h>
 #include <torchcompile/ir/graph.h>
 #include <torchcompile/ir/graph_module.h>
 
@@ -12,6 +14,7 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -73,6 +76,37 @@ TEST(Plugin, CompileWithPluginBackend) {
   const auto first = log.find("[example backend] compiling graph");
   ASSERT_NE(first, std::string::npos) << log;
   EXPECT_EQ(log.find("[example backend] compiling graph", first + 1), std::string::npos) << log;
+}
+
+TEST(Plugin, DeclineReasonReachesExplainAndTheLogs) {
+  torchcompile::load_backend_library(TORCHCOMPILE_EXAMPLE_PLUGIN);
+  // A function without operators: the example backend declines it, with its reason.
+  auto identity = [](torch::Tensor a) { return a; };
+  auto a = torch::randn({4});
+  auto e = torchcompile::explain("example", identity, a);
+  ASSERT_EQ(e.compiled.size(), 1u);
+  EXPECT_EQ(e.compiled[0].backend, "interpreter");
+  ASSERT_EQ(e.compiled[0].attempts.size(), 1u);
+  EXPECT_EQ(e.compiled[0].attempts[0].backend, "example");
+  EXPECT_EQ(e.compiled[0].attempts[0].outcome, torchcompile::BackendAttempt::Outcome::Declined);
+  EXPECT_EQ(e.compiled[0].attempts[0].reason, "the graph has no operators");
+  std::ostringstream printed;
+  printed << e;
+  EXPECT_THAT(printed.str(), HasSubstr("Graph 1: run by the interpreter"));
+  EXPECT_THAT(printed.str(), HasSubstr("declined by example: the graph has no operators"));
+
+  torchcompile::runtime::set_logs("passes");
+  ::testing::internal::CaptureStderr();
+  auto f = torch::compile(identity, "example");
+  EXPECT_TRUE(tc_test::tensors_equal(a, f(a)));
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  torchcompile::runtime::reset_logs();
+  EXPECT_THAT(log, HasSubstr("declined by example: the graph has no operators")) << log;
+
+  // A graph with operators is compiled by it, and explain says so.
+  auto e2 = torchcompile::explain("example", [](torch::Tensor x) { return x.cos(); }, a);
+  ASSERT_EQ(e2.compiled.size(), 1u);
+  EXPECT_EQ(e2.compiled[0].backend, "example");
 }
 
 #endif  // TORCHCOMPILE_EXAMPLE_PLUGIN

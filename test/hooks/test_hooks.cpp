@@ -5,7 +5,7 @@
 
 #include <gmock/gmock.h>
 
-#include "runtime/logging.h"
+#include <torchcompile/logging.h>
 
 #include <map>
 

@@ -2,6 +2,7 @@
 // loaded from shared-library plugins).
 #pragma once
 
+#include <torchcompile/backends/compile_report.h>
 #include <torchcompile/ir/graph_module.h>
 
 #include <cstdint>
@@ -13,13 +14,13 @@ namespace torchcompile {
 
 using ir::GraphModule;
 
-/// A compiled graph: takes the graph's inputs (placeholders, in order) and returns its outputs.
-/// It may consume (and free) its input vector.
-using CompiledFn = std::function<std::vector<at::Tensor>(std::vector<at::Tensor>)>;
+// CompiledFn (compile_report.h): a compiled graph; takes the graph's inputs (placeholders, in
+// order) and returns its outputs. It may consume (and free) its input vector.
 
 /// A backend turns a captured graph into a CompiledFn. `example_inputs` are the real inputs
-/// of the call that was traced. A backend may return an empty CompiledFn to decline (the
-/// caller then tries the next backend in a fallback chain, or runs eagerly).
+/// of the call that was traced. A backend may decline with an empty CompiledFn, best through
+/// `return decline("reason");` (compile_report.h): the pipeline then tries the next backend of
+/// a fallback chain, or runs the graph with the interpreter.
 using Backend = std::function<CompiledFn(GraphModule& gm, const std::vector<at::Tensor>& example_inputs)>;
 
 /// Register `fn` under `name`. Throws if the name is empty or already registered. `tags`
@@ -40,8 +41,9 @@ bool has_backend(const std::string& name);
 std::vector<std::string> list_backends(const std::vector<std::string>& exclude_tags = {"debug", "experimental"});
 
 /// A backend that tries each of `names` in order (a throwing or declining backend passes to the
-/// next) and, if all fail, returns the graph run by the interpreter: PyTorch's composable
-/// backend as a function.
+/// next; a throw warns once per backend) and, if all decline or fail, returns the graph run by
+/// the interpreter: PyTorch's composable backend as a function. Every answer is recorded in the
+/// graph's CompileReport (explain(), TORCHCOMPILE_LOGS=passes).
 Backend fallback_chain(std::vector<std::string> names);
 
 /// The ABI version of the plugin interface; a plugin built against another version is refused.

@@ -89,8 +89,9 @@ class CompiledEntry {
   size_t num_graphs() const;
   /// Graph breaks (branch points) in the trace tree.
   size_t num_breaks() const;
-  /// Visit the tree depth first: each graph, and each break (its host read and first value).
-  void visit(const std::function<void(const GraphModule& graph)>& on_graph,
+  /// Visit the tree depth first: each graph with its compile report, and each break (its host
+  /// read and first value).
+  void visit(const std::function<void(const GraphModule& graph, const CompileReport& report)>& on_graph,
              const std::function<void(const std::string& op, const std::string& value)>& on_break) const;
 
  private:

@@ -18,9 +18,11 @@ struct ExplainOutput {
   std::vector<std::vector<std::string>> ops_per_graph;  ///< operator targets of each graph
   std::vector<std::string> guards;                  ///< of the entry that ran
   std::vector<std::string> graphs;                  ///< each graph in the text format
+  std::vector<CompileReport> compiled;              ///< per graph: backend, partition, declines, steps
   std::string eager_reason;                         ///< set if the call could not be compiled
 
-  /// The report, laid out as torch._dynamo.explain prints it.
+  /// The report, laid out as torch._dynamo.explain prints it, then which backend compiled each
+  /// graph (its parts and every decline).
   std::string str() const;
 };
 std::ostream& operator<<(std::ostream& os, const ExplainOutput& e);

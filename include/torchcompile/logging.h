@@ -1,4 +1,4 @@
-// Opt-in diagnostic logs, selected with TORCHCOMPILE_LOGS (Python's TORCH_LOGS):
+// Opt-in diagnostic logs (public: backends log through it too), selected with TORCHCOMPILE_LOGS (Python's TORCH_LOGS):
 //
 //   TORCHCOMPILE_LOGS=recompiles,guards,graph,graph_breaks   a comma list (spaces ignored)
 //   TORCHCOMPILE_LOGS=all                                     everything ("+all" too; a leading
@@ -8,6 +8,8 @@
 //   guards         the guard list of each new cache entry
 //   graph          each captured graph
 //   graph_breaks   each graph break, with its reason and the op that caused it
+//   passes         each step of the compile pipeline with its time, and the graph after each
+//                  step that changed it; which backend compiled each graph and every decline
 //
 // The variable is read once, on the first log_enabled() call; unknown names warn once, listing
 // the valid ones (on stderr). set_logs() overrides it (tests). Off by default, and zero cost when off:
@@ -33,6 +35,7 @@ enum class LogKind : uint32_t {
   Guards = 1u << 1,
   Graph = 1u << 2,
   GraphBreaks = 1u << 3,
+  Passes = 1u << 4,
 };
 
 namespace detail {
@@ -62,9 +65,9 @@ void reset_logs();
 
 /// The mask `spec` selects; unknown names are appended to `unknown` (if non-null).
 uint32_t parse_log_spec(const std::string& spec, std::vector<std::string>* unknown = nullptr);
-/// "recompiles", "guards", "graph", "graph_breaks".
+/// "recompiles", "guards", "graph", "graph_breaks", "passes".
 const char* log_kind_name(LogKind kind);
-/// "recompiles, guards, graph, graph_breaks, all": for messages.
+/// "recompiles, guards, graph, graph_breaks, passes, all": for messages.
 std::string valid_log_names();
 
 }  // namespace torchcompile::runtime

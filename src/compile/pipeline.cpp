@@ -1,0 +1,121 @@
+#include "compile/pipeline.h"
+
+#include <torchcompile/ir/interpreter.h>
+#include <torchcompile/ir/passes.h>
+#include <torchcompile/ir/printer.h>
+#include <torchcompile/logging.h>
+
+#include <c10/util/Exception.h>
+
+#include <memory>
+#include <unordered_set>
+
+namespace torchcompile::pipeline {
+
+namespace {
+
+using runtime::LogKind;
+
+// Drop attributes no get_attr node reads any more (after dead-code elimination).
+void remove_unused_attributes(GraphModule& gm) {
+  std::unordered_set<std::string> used;
+  for (const auto& n : gm.graph().nodes())
+    if (n->kind() == ir::NodeKind::GetAttr) used.insert(n->target());
+  std::vector<std::string> unused;
+  for (const auto& kv : gm.attributes())
+    if (!used.count(kv.first)) unused.push_back(kv.first);
+  for (const auto& name : unused) gm.remove_attribute(name);
+}
+
+std::string format_ms(double ms) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f ms", ms);
+  return buf;
+}
+
+}  // namespace
+
+TimedStep::TimedStep(std::string name, const GraphModule* gm)
+    : name_(std::move(name)), gm_(gm), start_(std::chrono::steady_clock::now()) {
+  if (gm_ && runtime::log_enabled(LogKind::Passes)) before_ = ir::to_text(gm_->graph());
+}
+
+TimedStep::~TimedStep() {
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_).count();
+  if (CompileReport* r = detail::current_report()) r->steps.push_back({name_, ms});
+  if (!runtime::log_enabled(LogKind::Passes)) return;
+  std::string msg = "step " + name_ + " (" + format_ms(ms) + ")";
+  if (gm_) {
+    std::string after = ir::to_text(gm_->graph());
+    msg += after == before_ ? ": graph unchanged" : ", graph after it:\n" + after;
+  }
+  runtime::log(LogKind::Passes, msg);
+}
+
+CompiledFn interpreter_fn(GraphModule& gm) {
+  auto interpreter = std::make_shared<ir::Interpreter>(gm);
+  return [interpreter](std::vector<at::Tensor> inputs) { return interpreter->run(std::move(inputs)); };
+}
+
+CompiledFn call_backend(const Backend& backend, const std::string& name, GraphModule& gm,
+                        const std::vector<at::Tensor>& example_inputs) {
+  CompileReport* report = detail::current_report();
+  const size_t recorded = report ? report->attempts.size() : 0;
+  auto record = [&](BackendAttempt::Outcome outcome, std::string reason) {
+    if (!report || report->attempts.size() != recorded) return;  // a nested chain recorded its own
+    report->attempts.push_back({name, outcome, std::move(reason)});
+  };
+  detail::take_decline_reason();  // a stale reason from a decline outside any pipeline
+  CompiledFn fn;
+  try {
+    fn = backend(gm, example_inputs);
+  } catch (const c10::Error& e) {
+    record(BackendAttempt::Outcome::Failed, e.what_without_backtrace());
+    throw;
+  } catch (const std::exception& e) {
+    record(BackendAttempt::Outcome::Failed, e.what());
+    throw;
+  }
+  std::string reason = detail::take_decline_reason();
+  if (fn) {
+    record(BackendAttempt::Outcome::Compiled, "");
+    if (report && report->backend.empty()) report->backend = name;
+  } else {
+    record(BackendAttempt::Outcome::Declined, std::move(reason));
+  }
+  return fn;
+}
+
+CompiledGraph compile_graph(GraphModule& gm, const std::vector<at::Tensor>& example_inputs, const Backend& backend,
+                            const std::string& backend_name, const std::string& owner) {
+  CompiledGraph out;
+  detail::ReportScope scope(&out.report);
+  TORCHCOMPILE_LOG(LogKind::Passes, "torch::compile(", owner, "): compiling a graph of ", gm.graph().nodes().size(),
+                   " nodes with backend '", backend_name, "'");
+  {
+    TimedStep step("lint (the captured graph)");
+    ir::lint(gm.graph());
+  }
+  {
+    TimedStep step("dead-code elimination", &gm);
+    ir::eliminate_dead_code(gm.graph());
+    remove_unused_attributes(gm);
+    ir::lint(gm.graph());
+  }
+  {
+    TimedStep step("backend " + backend_name);
+    out.fn = call_backend(backend, backend_name, gm, example_inputs);
+  }
+  if (!out.fn) {
+    out.fn = interpreter_fn(gm);
+    out.report.backend = "interpreter";
+  }
+  if (runtime::log_enabled(LogKind::Passes)) {
+    std::string msg = "torch::compile(" + owner + "): graph ";
+    for (const auto& line : out.report.describe()) msg += line + "\n";
+    runtime::log(LogKind::Passes, msg);
+  }
+  return out;
+}
+
+}  // namespace torchcompile::pipeline
