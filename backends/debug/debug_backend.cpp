@@ -1,10 +1,10 @@
 #include "debug_backend.h"
 
-#include "../eager/eager_backend.h"
-
+#include <torchcompile/ir/interpreter.h>
 #include <torchcompile/ir/printer.h>
 
 #include <iostream>
+#include <memory>
 
 namespace torchcompile::backends {
 
@@ -12,7 +12,10 @@ CompiledFn debug_backend(GraphModule& gm, const std::vector<at::Tensor>& example
   std::cout << "debug backend called with graph:\n";
   ir::print_tabular(gm.graph(), std::cout);
   std::cout << std::endl;
-  return eager_backend(gm, example_inputs);
+  auto interpreter = std::make_shared<ir::Interpreter>(gm);
+  return [interpreter](std::vector<at::Tensor> inputs) { return interpreter->run(std::move(inputs)); };
 }
+
+void register_debug_backend() { register_backend("debug", &debug_backend, {"debug"}); }
 
 }  // namespace torchcompile::backends

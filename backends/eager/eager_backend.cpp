@@ -1,5 +1,6 @@
 #include "eager_backend.h"
 
+#include <torchcompile/aot.h>
 #include <torchcompile/ir/interpreter.h>
 
 #include <memory>
@@ -9,6 +10,12 @@ namespace torchcompile::backends {
 CompiledFn eager_backend(GraphModule& gm, const std::vector<at::Tensor>& /*example_inputs*/) {
   auto interpreter = std::make_shared<ir::Interpreter>(gm);
   return [interpreter](std::vector<at::Tensor> inputs) { return interpreter->run(std::move(inputs)); };
+}
+
+void register_eager_backend() {
+  register_backend("eager", &eager_backend);
+  // AOT forward and backward graphs, both run by the interpreter (PyTorch's aot_eager).
+  register_backend("aot_eager", aot_autograd(&eager_backend));
 }
 
 }  // namespace torchcompile::backends

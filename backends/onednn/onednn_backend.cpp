@@ -1535,4 +1535,6 @@ CompiledFn onednn_backend(GraphModule& gm, const std::vector<at::Tensor>& exampl
   return std::move(c.fn);
 }
 
+void register_onednn_backend() { register_backend("onednn", &onednn_backend); }
+
 }  // namespace torchcompile::backends

@@ -297,4 +297,6 @@ CompiledFn torchscript_backend(GraphModule& gm, const std::vector<at::Tensor>& e
   };
 }
 
+void register_torchscript_backend() { register_backend("torchscript", &torchscript_backend); }
+
 }  // namespace torchcompile::backends

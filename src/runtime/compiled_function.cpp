@@ -10,6 +10,7 @@
 
 #include <torchcompile/ir/op_step.h>
 #include <torchcompile/ir/printer.h>
+#include <torchcompile/ir/structure.h>
 
 #include <ATen/core/stack.h>
 
@@ -69,7 +70,7 @@ struct Segment {
   std::vector<uint32_t> output_slots;
   CompileReport report;                 // which backend compiled it, declines, pipeline steps
   GraphEffects effects;                 // what running it changes: saved before, on calls that may re-run
-  std::string text;                     // the graph as text: identical continuations are shared
+  ir::GraphKey key;                     // the captured graph's identity: identical continuations are shared
   std::unique_ptr<BranchPoint> branch;  // null: the outputs are the call's results
   OutputSpec spec;                      // of the results (a segment without branch)
 
@@ -144,8 +145,8 @@ std::vector<c10::IValue> read_key(const BranchPoint& bp, const std::vector<at::T
   return stack;
 }
 
-bool same_segment(const Segment& a, const capture::SegmentRecord& b, const std::string& b_text) {
-  return a.text == b_text && a.input_slots == b.input_slots && a.output_slots == b.output_slots &&
+bool same_segment(const Segment& a, const capture::SegmentRecord& b, const ir::GraphKey& b_key) {
+  return a.key == b_key && a.input_slots == b.input_slots && a.output_slots == b.output_slots &&
          (a.branch != nullptr) == b.branch.has_value() &&
          (!a.branch || &a.branch->record.op.schema() == &b.branch->op.schema());
 }
@@ -402,8 +403,8 @@ std::unique_ptr<Segment> CompiledFunction::compile_chain(std::vector<capture::Se
     capture::SegmentRecord& r = records[i];
     auto seg = std::make_unique<Segment>();
     seg->gm = std::shared_ptr<GraphModule>(std::move(r.gm));
-    seg->text = ir::to_text(seg->gm->graph());
-    TORCHCOMPILE_LOG(LogKind::Graph, "torch::compile(", name_, "): captured graph:\n", seg->text);
+    seg->key = ir::GraphKey(seg->gm->graph());
+    TORCHCOMPILE_LOG(LogKind::Graph, "torch::compile(", name_, "): captured graph:\n", ir::to_text(seg->gm->graph()));
     seg->input_slots = r.input_slots;
     seg->output_slots = r.output_slots;
     seg->effects = effects_of(*seg->gm);
@@ -592,14 +593,14 @@ std::vector<at::Tensor> CompiledFunction::rerun_forward(const CompiledEntry& ent
   {
     std::lock_guard<std::mutex> lock(entry.tree_mutex_);
     Segment* seg = entry.root_.get();
-    if (!same_segment(*seg, records[0], ir::to_text(records[0].gm->graph()))) first_new = records.size() + 1;
+    if (!same_segment(*seg, records[0], ir::GraphKey(records[0].gm->graph()))) first_new = records.size() + 1;
     for (size_t i = 0; first_new == 0 && seg->branch && i + 1 < records.size(); ++i) {
       BranchPoint& bp = *seg->branch;
-      const std::string text = ir::to_text(records[i + 1].gm->graph());
+      const ir::GraphKey key_of_next(records[i + 1].gm->graph());
       Segment* known = bp.find(records[i].branch->key);
       if (known == nullptr && !records[i + 1].branch) {
         for (const auto& c : bp.children)
-          if (!c->branch && same_segment(*c, records[i + 1], text) && c->spec.undefined == spec.undefined &&
+          if (!c->branch && same_segment(*c, records[i + 1], key_of_next) && c->spec.undefined == spec.undefined &&
               c->spec.list_sizes == spec.list_sizes)
             known = c.get();
         if (known != nullptr) bp.remember(records[i].branch->key, known);
@@ -611,7 +612,7 @@ std::vector<at::Tensor> CompiledFunction::rerun_forward(const CompiledEntry& ent
         if (bp.children.size() >= options_.cache_size_limit) bp.closed = true;
         break;
       }
-      if (!same_segment(*known, records[i + 1], text)) {
+      if (!same_segment(*known, records[i + 1], key_of_next)) {
         first_new = records.size() + 1;  // the same values led elsewhere: host state
         break;
       }
