@@ -1,4 +1,5 @@
-// Models of ../shared/targets.md shared by the demo and the benchmarks (same shapes everywhere).
+// Models of the benchmark suite (README: Benchmarks) shared by the demo, the benchmarks and the
+// tests (same shapes everywhere).
 #pragma once
 
 #include <torch/torch.h>
@@ -20,7 +21,29 @@ struct MlpImpl : torch::nn::Module {
 };
 TORCH_MODULE(Mlp);
 
-// M8 of targets.md: 50 chained tiny ops cycling x+0.5, x*0.9, relu, sin.
+// M3: two conv-BN-ReLU blocks (3 -> c1 -> c2 channels), global average pooling, a classifier.
+struct ConvNetImpl : torch::nn::Module {
+  explicit ConvNetImpl(int64_t c1 = 32, int64_t c2 = 64)
+      : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, c1, 3).padding(1)))),
+        bn1(register_module("bn1", torch::nn::BatchNorm2d(c1))),
+        conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(c1, c2, 3).padding(1)))),
+        bn2(register_module("bn2", torch::nn::BatchNorm2d(c2))),
+        fc(register_module("fc", torch::nn::Linear(c2, 10))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::relu(bn1(conv1(x)));
+    x = torch::relu(bn2(conv2(x)));
+    x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
+    return fc(x);
+  }
+  torch::nn::Conv2d conv1;
+  torch::nn::BatchNorm2d bn1;
+  torch::nn::Conv2d conv2;
+  torch::nn::BatchNorm2d bn2;
+  torch::nn::Linear fc;
+};
+TORCH_MODULE(ConvNet);
+
+// M8: 50 chained tiny ops cycling x+0.5, x*0.9, relu, sin.
 inline torch::Tensor chain50(torch::Tensor x) {
   for (int i = 0; i < 50; ++i) {
     switch (i % 4) {

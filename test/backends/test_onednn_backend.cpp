@@ -4,6 +4,7 @@
 #include "support/test_util.h"
 
 #include "../../backends/onednn/onednn_backend.h"
+#include "../../examples/models.h"
 #include <torchcompile/logging.h>
 
 #include <atomic>
@@ -625,34 +626,10 @@ TEST(OneDnnDeclines, FallbackChainReachesTheNextBackendOnlyForDeclinedGraphs) {
   EXPECT_THAT(e2.compiled[0].partition, ::testing::Contains("onednn: linear+bias+relu"));
 }
 
-namespace {
-// M3 of the model suite: two conv-BN-ReLU blocks, global average pooling and a classifier.
-struct ConvNetImpl : torch::nn::Module {
-  ConvNetImpl()
-      : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 8, 3).padding(1)))),
-        bn1(register_module("bn1", torch::nn::BatchNorm2d(8))),
-        conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(8, 16, 3).padding(1)))),
-        bn2(register_module("bn2", torch::nn::BatchNorm2d(16))),
-        fc(register_module("fc", torch::nn::Linear(16, 10))) {}
-  torch::Tensor forward(torch::Tensor x) {
-    x = torch::relu(bn1(conv1(x)));
-    x = torch::relu(bn2(conv2(x)));
-    x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
-    return fc(x);
-  }
-  torch::nn::Conv2d conv1;
-  torch::nn::BatchNorm2d bn1;
-  torch::nn::Conv2d conv2;
-  torch::nn::BatchNorm2d bn2;
-  torch::nn::Linear fc;
-};
-TORCH_MODULE(ConvNet);
-}  // namespace
-
 TEST(OneDnnDeclines, ExplainDefaultListsThePartitionOfEachGraph) {
   torch::NoGradGuard no_grad;
   torch::manual_seed(0);
-  ConvNet m3;
+  torchcompile_examples::ConvNet m3(8, 16);
   m3->eval();
   auto e = torchcompile::explain("default", m3, torch::randn({2, 3, 16, 16}));
   ASSERT_EQ(e.compiled.size(), 1u);

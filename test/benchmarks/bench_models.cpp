@@ -87,26 +87,7 @@ torch::Tensor pointwise_chain(torch::Tensor x) {
   return torch::sigmoid(torch::gelu(x * 1.5 + 0.25)) * x - torch::tanh(x);
 }
 
-// M3: two conv-BN-ReLU blocks, global average pooling and a classifier.
-struct M3Impl : torch::nn::Module {
-  M3Impl()
-      : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 32, 3).padding(1)))),
-        bn1(register_module("bn1", torch::nn::BatchNorm2d(32))),
-        conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).padding(1)))),
-        bn2(register_module("bn2", torch::nn::BatchNorm2d(64))),
-        fc(register_module("fc", torch::nn::Linear(64, 10))) {}
-  torch::Tensor forward(torch::Tensor x) {
-    x = torch::relu(bn1(conv1(x)));
-    x = torch::relu(bn2(conv2(x)));
-    x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
-    return fc(x);
-  }
-  torch::nn::Conv2d conv1;
-  torch::nn::BatchNorm2d bn1;
-  torch::nn::Conv2d conv2;
-  torch::nn::BatchNorm2d bn2;
-  torch::nn::Linear fc;
-};
+using torchcompile_examples::ConvNetImpl;  // M3
 
 // M4: one transformer encoder layer (input: seq, batch, feature).
 struct M4Impl : torch::nn::Module {
@@ -253,7 +234,7 @@ const std::vector<Row>& rows() {
       {"M2", "M2 pointwise (4096,1024)", false, [] { return function_instance(&pointwise_chain, torch::randn({4096, 1024})); }},
       {"M3", "M3 conv-BN-ReLU (16,3,64,64)", false,
        [] {
-         auto m = std::make_shared<M3Impl>();
+         auto m = std::make_shared<ConvNetImpl>();
          m->eval();
          return module_instance(m, false, torch::randn({16, 3, 64, 64}));
        }},
