@@ -3,13 +3,17 @@
 #include "aot/aot_internal.h"
 #include <torchcompile/logging.h>
 
+#include "compile/pipeline.h"
+
 #include <torchcompile/ir/interpreter.h>
+#include <torchcompile/ir/passes.h>
 #include <torchcompile/ir/printer.h>
 
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <atomic>
+#include <optional>
 
 namespace torchcompile {
 
@@ -228,13 +232,19 @@ Backend aot_autograd(Backend fw_compiler, Backend bw_compiler, DecompositionTabl
           partition](GraphModule& gm, const std::vector<at::Tensor>& example_inputs) -> CompiledFn {
     std::string why;
     if (!aot::liftable(gm, aot::wants_gradients(gm, example_inputs), &why)) {
-      TORCHCOMPILE_LOG(runtime::LogKind::Graph, "aot_autograd: ", why,
-                       "; the graph runs with the interpreter under autograd");
-      auto interpreter = std::make_shared<ir::Interpreter>(gm);
-      return [interpreter](std::vector<at::Tensor> inputs) { return interpreter->run(std::move(inputs)); };
+      // The pipeline runs the graph with the interpreter under autograd.
+      return decline("aot_autograd: " + why);
     }
+    // The steps below are steps of the compile pipeline: timed into the graph's report and
+    // logged with TORCHCOMPILE_LOGS=passes; the partitioned graphs are linted.
+    std::optional<pipeline::TimedStep> step;
+    step.emplace("aot: joint graph (functionalized forward and backward)");
     JointGraph joint = aot::build_joint(gm, example_inputs, decompositions);
+    step.emplace("aot: partition");
     Partition part = aot::partition_joint(joint, partition);
+    ir::lint(part.forward->graph());
+    if (part.backward) ir::lint(part.backward->graph());
+    step.reset();
     if (runtime::log_enabled(runtime::LogKind::Graph)) {
       runtime::log(runtime::LogKind::Graph, "aot_autograd: joint graph:\n" + ir::to_text(joint.gm->graph()));
       runtime::log(runtime::LogKind::Graph, "aot_autograd: forward graph:\n" + ir::to_text(part.forward->graph()));
@@ -264,13 +274,15 @@ Backend aot_autograd(Backend fw_compiler, Backend bw_compiler, DecompositionTabl
     std::vector<at::Tensor> fw_examples;
     for (const auto& p : rt->primals) fw_examples.push_back(p.input < 0 ? p.tensor : example_inputs.at(p.input));
     rt->forward_gm = std::move(part.forward);
+    step.emplace("aot: forward compiler");
     rt->forward = fw_compiler(*rt->forward_gm, fw_examples);
-    if (!rt->forward) return nullptr;
+    if (!rt->forward) return decline("aot_autograd: the forward compiler declined the forward graph");
     if (rt->training) {
       // Backward example inputs carry the traced metadata (Python passes fake tensors here).
       rt->backward_gm = std::move(part.backward);
+      step.emplace("aot: backward compiler");
       rt->backward = bw_compiler(*rt->backward_gm, aot::zeros_like_meta(*rt->backward_gm));
-      if (!rt->backward) return nullptr;
+      if (!rt->backward) return decline("aot_autograd: the backward compiler declined the backward graph");
     }
     return [rt](std::vector<at::Tensor> inputs) { return aot::Runtime::call(rt, std::move(inputs)); };
   };

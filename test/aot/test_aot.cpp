@@ -635,3 +635,19 @@ TEST(Aot, ViewOutputsUpdatedInPlaceByTheCallerMatchEager) {
     ASSERT_TRUE(tensors_close(w.grad(), w2.grad()));
   }
 }
+
+// AOT autograd runs as steps of the compile pipeline: each is in the graph's report.
+TEST(AotAutograd, StepsAreInTheCompileReport) {
+  torch::manual_seed(0);
+  torch::nn::Sequential net(torch::nn::Linear(6, 8), torch::nn::GELU(), torch::nn::Linear(8, 2));
+  auto e = torchcompile::explain("aot_eager", net, torch::randn({4, 6}));
+  ASSERT_EQ(e.compiled.size(), 1u);
+  EXPECT_EQ(e.compiled[0].backend, "aot_eager");
+  std::vector<std::string> names;
+  for (const auto& s : e.compiled[0].steps) names.push_back(s.name);
+  EXPECT_THAT(names, ::testing::IsSupersetOf({"lint (the captured graph)", "dead-code elimination",
+                                              "aot: joint graph (functionalized forward and backward)",
+                                              "aot: partition", "aot: forward compiler", "aot: backward compiler",
+                                              "backend aot_eager"}));
+  for (const auto& s : e.compiled[0].steps) EXPECT_GE(s.ms, 0.0) << s.name;
+}
