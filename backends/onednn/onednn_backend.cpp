@@ -4,6 +4,7 @@
 
 #include <torchcompile/ir/interpreter.h>
 #include <torchcompile/ir/op_step.h>
+#include <torchcompile/ir/op_properties.h>
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -184,12 +185,7 @@ std::optional<Eltwise> eltwise_of(const Node* n) {
   return std::nullopt;
 }
 
-bool is_identity_dropout(const Node* n) {
-  if (!is_call(n, {"aten::dropout", "aten::feature_dropout", "aten::alpha_dropout"})) return false;
-  auto p = scalar_arg(n, 1);
-  auto train = scalar_arg(n, 2);
-  return (train && *train == 0.0) || (p && *p == 0.0);
-}
+bool is_identity_dropout(const Node* n) { return ir::node_is_identity(*n); }
 
 // ---- matched groups ---------------------------------------------------------------------------
 
@@ -728,16 +724,13 @@ void Compiler::match() {
     if (n->kind() != NodeKind::CallFunction || claimed(n)) continue;
     auto g = std::make_unique<Group>();
     bool ok = false;
-    const std::string& t = n->target();
-    if (t == "aten::linear" || t == "aten::addmm" || t == "aten::mm" ||
-        (t == "aten::matmul" && value_arg(n, 1) && meta(*value_arg(n, 1)).sizes.size() == 2)) {
-      ok = match_linear(n, *g);
-    } else if (t == "aten::bmm" || t == "aten::baddbmm" || t == "aten::matmul") {
-      ok = match_batched(n, *g);
-    } else if (t == "aten::conv2d" || t == "aten::convolution" || t == "aten::_convolution") {
-      ok = match_conv(n, *g);
-    } else if (t == "aten::adaptive_avg_pool2d" || t == "aten::mean.dim") {
-      ok = match_pool(n, *g);
+    // Each matcher checks the exact operator and its arguments; the kind picks the matcher.
+    switch (ir::node_properties(*n).kind) {
+      case ir::OpKind::Gemm: ok = match_linear(n, *g) || match_batched(n, *g); break;
+      case ir::OpKind::Convolution: ok = match_conv(n, *g); break;
+      case ir::OpKind::Pooling:
+      case ir::OpKind::Reduction: ok = match_pool(n, *g); break;
+      default: break;
     }
     if (!ok) continue;
     if (g->kind != GroupKind::Pool) extend_chain(*g);

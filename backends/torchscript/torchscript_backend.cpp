@@ -1,6 +1,8 @@
 #include "torchscript_backend.h"
 #include "torchscript_graph.h"
 
+#include <torchcompile/ir/op_properties.h>
+
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/jit/ir/alias_analysis.h>
 #include <torch/csrc/jit/ir/constants.h>

@@ -5,6 +5,7 @@
 #include <torchcompile/capture/tracer.h>
 #include <torchcompile/compat.h>
 #include <torchcompile/ir/interpreter.h>
+#include <torchcompile/ir/op_properties.h>
 
 #include "runtime/call_state.h"
 
@@ -172,15 +173,12 @@ bool liftable(const ir::GraphModule& gm, bool training, std::string* why) {
     // Autograd replays an in-place op on a view with the view's geometry (as_strided), which
     // functionalization has replaced by that of the op's result (contiguous, offset 0): unless
     // the view is the whole base reshaped, the gradient would be silently wrong.
-    static const std::unordered_set<std::string> kWholeViews = {
-        "aten::view", "aten::_unsafe_view", "aten::reshape", "aten::alias", "aten::detach",
-        "aten::unsqueeze", "aten::squeeze", "aten::flatten"};
     const auto& schema_args = n->schema().arguments();
     for (size_t i = 0; i < schema_args.size(); ++i) {
       const auto* alias = schema_args[i].alias_info();
       if (alias == nullptr || !alias->isWrite() || !n->args()[i].is_value()) continue;
       for (ir::Value v = n->args()[i].value(); ir::is_view_node(v.node);) {
-        if (!kWholeViews.count(v.node->schema().name()) || !is_contiguous(v.node->output_meta().at(v.index))) {
+        if (!ir::node_properties(*v.node).whole_view || !is_contiguous(v.node->output_meta().at(v.index))) {
           if (why)
             *why = "the forward updates a view in place (" + n->target() + " on '" + v.node->name() +
                    "'), which LibTorch's functionalization cannot differentiate";

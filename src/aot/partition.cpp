@@ -13,6 +13,7 @@
 // that the backward can recompute everything else from them and the tangents.
 #include "aot/aot_internal.h"
 
+#include <torchcompile/ir/op_properties.h>
 #include <torchcompile/ir/printer.h>
 
 #include <algorithm>
@@ -42,24 +43,13 @@ int64_t bytes_of(const ir::TensorMeta& m) {
   return numel * static_cast<int64_t>(c10::elementSize(m.dtype));
 }
 
-// Ops cheap enough to recompute in the backward instead of saving their results.
+// Ops cheap enough to recompute in the backward instead of saving their results: views,
+// pointwise ops and factories that draw no random numbers and write nothing.
 bool recomputable(const Node* n) {
-  if (ir::is_view_node(n)) return true;
-  if (ir::op_is_random(n->op()) || ir::op_is_mutating(n->op())) return false;
-  static const std::unordered_set<std::string> kCheap = {
-      "aten::relu",       "aten::gelu",       "aten::sigmoid",     "aten::tanh",        "aten::silu",
-      "aten::hardswish",  "aten::hardsigmoid", "aten::hardtanh",   "aten::leaky_relu",  "aten::elu",
-      "aten::threshold",  "aten::add",        "aten::sub",         "aten::mul",         "aten::div",
-      "aten::neg",        "aten::exp",        "aten::log",         "aten::log1p",       "aten::expm1",
-      "aten::sqrt",       "aten::rsqrt",      "aten::pow",         "aten::abs",         "aten::clamp",
-      "aten::clamp_min",  "aten::clamp_max",  "aten::where",       "aten::erf",         "aten::sin",
-      "aten::cos",        "aten::reciprocal", "aten::sign",        "aten::maximum",     "aten::minimum",
-      "aten::eq",         "aten::ne",         "aten::gt",          "aten::ge",          "aten::lt",
-      "aten::le",         "aten::logical_not", "aten::_to_copy",   "aten::clone",       "aten::fill",
-      "aten::zeros_like", "aten::ones_like",  "aten::full_like",   "aten::scalar_tensor", "aten::lift_fresh",
-      "aten::copy",
-  };
-  return kCheap.count(n->schema().name()) != 0;
+  const ir::OpProperties p = ir::node_properties(*n);
+  if (p.view()) return true;
+  if (p.random || p.mutating) return false;
+  return p.pointwise() || p.kind == ir::OpKind::Factory;
 }
 
 // What owns the memory of `v`: its producer, or, through views, the value they view.

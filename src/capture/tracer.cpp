@@ -1,5 +1,6 @@
 #include <torchcompile/capture/tracer.h>
 #include <torchcompile/compat.h>
+#include <torchcompile/ir/op_properties.h>
 #include <torchcompile/ir/passes.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -30,22 +31,8 @@ c10::DispatchKey key_of(TraceLevel level) {
 
 // Operators returning host values that depend only on tensor metadata: they are executed but
 // neither recorded nor treated as a data-dependent read (the metadata they read is guarded).
-bool is_metadata_query(const c10::OperatorName& name) {
-  static const std::unordered_set<std::string> names = {
-      "aten::size",          "aten::stride",         "aten::numel",
-      "aten::dim",           "aten::sym_size",       "aten::sym_stride",
-      "aten::sym_numel",     "aten::sym_storage_offset", "aten::storage_offset",
-      "aten::is_same_size",  "aten::is_complex",     "aten::is_floating_point",
-      "aten::is_signed",     "aten::is_conj",        "aten::is_neg",
-      "aten::is_inference",  "aten::is_leaf",        "aten::output_nr",
-      "aten::_version",      "aten::retains_grad",   "aten::result_type",
-      "aten::can_cast",      "aten::promote_types",  "aten::is_set_to",
-      "aten::_nnz",          "aten::sparse_dim",     "aten::dense_dim",
-      "aten::is_coalesced",  "aten::is_pinned",      "aten::is_distributed",
-      "aten::_has_compatible_shallow_copy_type", "aten::_debug_has_internal_overlap",
-      "aten::_has_same_storage_numel", "aten::is_contiguous", "aten::is_non_overlapping_and_dense",
-  };
-  return names.count(name.name) != 0;
+bool is_metadata_query(const c10::OperatorHandle& op) {
+  return ir::op_properties(op).kind == ir::OpKind::MetadataQuery;
 }
 
 bool returns_only_tensors(const c10::FunctionSchema& schema) {
@@ -178,9 +165,7 @@ struct Tracer::Impl {
   std::unordered_map<const c10::StorageImpl*, FreshFactory> fresh_factories;
 
   static bool is_uninitialized_factory(const c10::OperatorHandle& op) {
-    static const std::unordered_set<std::string> names = {"aten::empty", "aten::empty_strided", "aten::new_empty",
-                                                          "aten::new_empty_strided", "aten::empty_permuted"};
-    return names.count(op.schema().name()) != 0;
+    return ir::op_properties(op).uninitialized;
   }
 
   void note_factory(const c10::OperatorHandle& op, const std::vector<at::Tensor>& produced) {
@@ -594,7 +579,7 @@ void tracing_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   Tracer::Impl& impl = tracer->impl();
   const auto& schema = op.schema();
   const bool host_value = !returns_only_tensors(schema);
-  if (host_value && is_metadata_query(schema.operator_name())) {
+  if (host_value && is_metadata_query(op)) {
     redispatch_below_tracer(key, op, ks, stack);
     return;
   }

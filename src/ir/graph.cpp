@@ -1,5 +1,6 @@
 // The graph IR: nodes, values, use lists and the Graph factories that keep them consistent.
 #include <torchcompile/ir/graph.h>
+#include <torchcompile/ir/op_properties.h>
 
 #include "text_internal.h"
 
@@ -283,78 +284,6 @@ c10::OperatorHandle find_op(const std::string& target) {
   return *op;
 }
 
-bool op_is_random(const c10::OperatorHandle& op) {
-  static const std::unordered_set<std::string> kRandom = {
-      "dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout", "native_dropout", "fused_dropout",
-      "bernoulli", "multinomial", "normal", "uniform", "randperm", "poisson", "exponential", "geometric",
-      "cauchy", "log_normal", "random", "binomial", "standard_gamma", "sample_dirichlet"};
-  std::string base = op_base_name(op);
-  // In-place and private variants draw the same way: `bernoulli_`, `_fused_dropout`.
-  while (!base.empty() && base.back() == '_') base.pop_back();
-  while (!base.empty() && base.front() == '_') base.erase(base.begin());
-  if (kRandom.count(base)) return true;
-  if (base.rfind("rand", 0) == 0 || base.rfind("rrelu", 0) == 0) return true;
-  for (const auto& arg : op.schema().arguments()) {
-    c10::TypePtr t = arg.type();
-    if (auto opt = t->cast<c10::OptionalType>()) t = opt->getElementType();
-    if (t->kind() == c10::TypeKind::GeneratorType) return true;
-  }
-  return false;
-}
-
-bool op_is_mutating(const c10::OperatorHandle& op) {
-  for (const auto& arg : op.schema().arguments()) {
-    if (arg.alias_info() && arg.alias_info()->isWrite()) return true;
-  }
-  return false;
-}
-
-bool is_view_node(const Node* n) {
-  if (n->kind() != NodeKind::CallFunction) return false;
-  const auto& returns = n->schema().returns();
-  return returns.size() == 1 && returns[0].alias_info() != nullptr && !returns[0].alias_info()->isWrite();
-}
-
-namespace {
-
-bool updates_running_stats(const Node& n) {
-  static const char* const kOps[] = {"aten::batch_norm", "aten::native_batch_norm", "aten::_batch_norm_impl_index",
-                                     "aten::instance_norm"};
-  const std::string& name = n.schema().name();
-  if (std::none_of(std::begin(kOps), std::end(kOps), [&](const char* op) { return name == op; })) return false;
-  const auto& schema_args = n.schema().arguments();
-  for (size_t i = 0; i < schema_args.size() && i < n.args().size(); ++i) {
-    const std::string& arg = schema_args[i].name();
-    if ((arg == "training" || arg == "use_input_stats") && n.args()[i].is_constant())
-      return n.args()[i].constant().isBool() && n.args()[i].constant().toBool();
-  }
-  return true;
-}
-
-}  // namespace
-
-bool node_is_random(const Node& n) {
-  if (n.kind() != NodeKind::CallFunction || !op_is_random(n.op())) return false;
-  // Dropout in eval mode (`train=False`) returns its input and draws nothing.
-  const auto& schema_args = n.schema().arguments();
-  for (size_t i = 0; i < schema_args.size() && i < n.args().size(); ++i)
-    if (schema_args[i].name() == "train" && n.args()[i].is_constant() && n.args()[i].constant().isBool())
-      return n.args()[i].constant().toBool();
-  return true;
-}
-
-std::vector<size_t> written_arguments(const Node& n) {
-  std::vector<size_t> written;
-  if (n.kind() != NodeKind::CallFunction) return written;
-  const auto& schema_args = n.schema().arguments();
-  const bool stats = updates_running_stats(n);
-  for (size_t i = 0; i < schema_args.size() && i < n.args().size(); ++i) {
-    const bool declared = schema_args[i].alias_info() != nullptr && schema_args[i].alias_info()->isWrite();
-    if (declared || (stats && (schema_args[i].name() == "running_mean" || schema_args[i].name() == "running_var")))
-      written.push_back(i);
-  }
-  return written;
-}
 
 Value memory_base(Value v) {
   while (v.node->kind() == NodeKind::CallFunction) {

@@ -1,4 +1,5 @@
 #include <torchcompile/ir/op_step.h>
+#include <torchcompile/ir/op_properties.h>
 
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>

@@ -1,5 +1,7 @@
 #include "runtime/call_state.h"
 
+#include <torchcompile/ir/op_properties.h>
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/grad_mode.h>
 

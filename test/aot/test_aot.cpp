@@ -4,6 +4,7 @@
 
 #include <torchcompile/aot.h>
 #include <torchcompile/ir/interpreter.h>
+#include <torchcompile/ir/op_properties.h>
 
 using tc_test::error_of;
 using tc_test::tensors_close;

@@ -1,6 +1,7 @@
 // Graph, Node, Value and Argument: factories, naming, input checks and use lists.
 #include "support/test_util.h"
 #include <torchcompile/ir/graph.h>
+#include <torchcompile/ir/op_properties.h>
 #include <torchcompile/ir/passes.h>
 
 #include "ir/ir_test_graphs.h"

@@ -186,22 +186,9 @@ bool is_tensor_list_type(const c10::TypePtr& t);
 inline bool is_tensor_like_type(const c10::TypePtr& t) {
   return is_tensor_type(t) || is_optional_tensor_type(t) || is_tensor_list_type(t);
 }
-/// True if calling this operator draws from a random generator (dropout, bernoulli, rand*...).
-bool op_is_random(const c10::OperatorHandle& op);
-/// True if the operator's schema writes to one of its arguments (`add_`, `out=` variants).
-bool op_is_mutating(const c10::OperatorHandle& op);
-/// True for a call_function node whose single result views an argument (`view`, `t`, `select`).
-bool is_view_node(const Node* n);
 /// The value whose memory `v` is: followed back through views and through in-place results
 /// (`add_` returns its `self`) to a placeholder, a get_attr or an op's fresh result.
 Value memory_base(Value v);
-/// The argument positions a call_function node writes: those its schema declares (`Tensor(a!)`)
-/// and the running statistics of batch and instance norm in training mode, which LibTorch's
-/// schemas do not declare.
-std::vector<size_t> written_arguments(const Node& n);
-/// Whether running this call_function node draws random numbers (op_is_random, except dropout
-/// in eval mode).
-bool node_is_random(const Node& n);
 
 /// The graph: nodes in topological order, placeholders first, one output node last.
 class Graph {
