@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The model benchmark suite (test/benchmarks/bench_models.cpp): builds bench_models, runs models
-# M1-M8 of targets.md in every registered mode with glibc's malloc tuned, prints the tables and
+# M1-M8 in every registered mode with glibc's malloc tuned, prints the tables and
 # writes test/benchmarks/RESULTS.md and test/benchmarks/speedups.png.
 #
 # Usage: scripts/bench-models.sh [options] [-- bench_models arguments...]
@@ -57,7 +57,7 @@ done
 extra=("$@")
 
 # Without these, glibc returns every freed block of >= 32 MiB (dynamic threshold) to the kernel
-# and page-faults it back on the next call, which distorts eager timings (targets.md).
+# and page-faults it back on the next call, which distorts eager timings.
 export MALLOC_MMAP_THRESHOLD_=1073741824
 export MALLOC_TRIM_THRESHOLD_=4294967296
 
@@ -131,7 +131,7 @@ results=$out_dir/RESULTS.md
     echo "> **Warning**: the machine was not quiet: other processes kept $other_cores of $(nproc) cores busy on average during the run, so OpenMP threads were descheduled and the timings are unreliable."
     echo
   fi
-  echo "Models M1–M8 of \`targets.md\` (fp32, seed 0, 2 threads), each in every mode whose backend is"
+  echo "Models M1–M8 (fp32, seed 0, 2 threads), each in every mode whose backend is"
   echo "registered; see the header of \`test/benchmarks/bench_models.cpp\` for the definitions. Absolute"
   echo "times move from run to run on shared hardware: read the speedups, which compare medians from"
   echo "the same run (repetitions randomly interleaved)."

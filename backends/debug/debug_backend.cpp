@@ -4,7 +4,6 @@
 #include <torchcompile/ir/printer.h>
 
 #include <iostream>
-#include <memory>
 
 namespace torchcompile::backends {
 
@@ -12,8 +11,7 @@ CompiledFn debug_backend(GraphModule& gm, const std::vector<at::Tensor>& example
   std::cout << "debug backend called with graph:\n";
   ir::print_tabular(gm.graph(), std::cout);
   std::cout << std::endl;
-  auto interpreter = std::make_shared<ir::Interpreter>(gm);
-  return [interpreter](std::vector<at::Tensor> inputs) { return interpreter->run(std::move(inputs)); };
+  return ir::interpreter_fn(gm);
 }
 
 void register_debug_backend() { register_backend("debug", &debug_backend, {"debug"}); }

@@ -11,6 +11,8 @@
 #include "backends/registry_internal.h"
 #include "compile/pipeline.h"
 
+#include <torchcompile/ir/interpreter.h>
+
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -241,7 +243,7 @@ Backend fallback_chain(std::vector<std::string> names) {
     }
     // Every backend declined or failed: run the graph with the interpreter.
     if (CompileReport* report = detail::current_report()) report->backend = "interpreter";
-    return pipeline::interpreter_fn(gm);
+    return ir::interpreter_fn(gm);
   };
 }
 

@@ -52,11 +52,6 @@ TimedStep::~TimedStep() {
   runtime::log(LogKind::Passes, msg);
 }
 
-CompiledFn interpreter_fn(GraphModule& gm) {
-  auto interpreter = std::make_shared<ir::Interpreter>(gm);
-  return [interpreter](std::vector<at::Tensor> inputs) { return interpreter->run(std::move(inputs)); };
-}
-
 CompiledFn call_backend(const Backend& backend, const std::string& name, GraphModule& gm,
                         const std::vector<at::Tensor>& example_inputs) {
   CompileReport* report = detail::current_report();
@@ -107,7 +102,7 @@ CompiledGraph compile_graph(GraphModule& gm, const std::vector<at::Tensor>& exam
     out.fn = call_backend(backend, backend_name, gm, example_inputs);
   }
   if (!out.fn) {
-    out.fn = interpreter_fn(gm);
+    out.fn = ir::interpreter_fn(gm);
     out.report.backend = "interpreter";
   }
   if (runtime::log_enabled(LogKind::Passes)) {

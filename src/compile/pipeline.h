@@ -29,9 +29,6 @@ CompiledGraph compile_graph(GraphModule& gm, const std::vector<at::Tensor>& exam
 CompiledFn call_backend(const Backend& backend, const std::string& name, GraphModule& gm,
                         const std::vector<at::Tensor>& example_inputs);
 
-/// The graph run by the interpreter (what a declined graph becomes).
-CompiledFn interpreter_fn(GraphModule& gm);
-
 /// One timed step: its time goes into the current report and, with TORCHCOMPILE_LOGS=passes,
 /// into the log, with the graph when `gm` is given and the step changed it.
 class TimedStep {

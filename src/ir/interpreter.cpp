@@ -163,4 +163,9 @@ std::vector<at::Tensor> Interpreter::run(std::vector<at::Tensor> inputs) const {
   return outputs;
 }
 
+std::function<std::vector<at::Tensor>(std::vector<at::Tensor>)> interpreter_fn(const GraphModule& gm) {
+  auto interpreter = std::make_shared<Interpreter>(gm);
+  return [interpreter](std::vector<at::Tensor> inputs) { return interpreter->run(std::move(inputs)); };
+}
+
 }  // namespace torchcompile::ir

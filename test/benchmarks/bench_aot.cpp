@@ -6,7 +6,7 @@
 // counts of the forward and backward graphs.
 //
 // Then times one training step (forward, loss, backward; gradients reset each step) for each
-// model, and for M1 and M5 of /work/shared/targets.md, in eager LibTorch and compiled with aot_autograd over the interpreter (the `aot_eager`
+// model, and for the benchmark models M1 and M5, in eager LibTorch and compiled with aot_autograd over the interpreter (the `aot_eager`
 // backend, and the same with the min-cut partitioner): the cost of the AOT machinery before any
 // fusing backend. The summary gives each median next to eager's median from the same run.
 //
@@ -47,13 +47,13 @@ torch::nn::TransformerEncoderLayer make_encoder() {
       torch::nn::TransformerEncoderLayerOptions(256, 4).dim_feedforward(1024).dropout(0.0));
 }
 
-// M1 of targets.md: Linear(784,512)-ReLU-Linear(512,512)-ReLU-Linear(512,10).
+// M1: Linear(784,512)-ReLU-Linear(512,512)-ReLU-Linear(512,10).
 torch::nn::Sequential make_m1() {
   return torch::nn::Sequential(torch::nn::Linear(784, 512), torch::nn::ReLU(), torch::nn::Linear(512, 512),
                                torch::nn::ReLU(), torch::nn::Linear(512, 10));
 }
 
-// M5 of targets.md: LayerNorm(512) -> Linear(512,2048) -> GELU -> Linear(2048,512), plus residual.
+// M5: LayerNorm(512) -> Linear(512,2048) -> GELU -> Linear(2048,512), plus residual.
 struct M5Impl : torch::nn::Module {
   M5Impl()
       : norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({512})))),

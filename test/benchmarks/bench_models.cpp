@@ -1,4 +1,4 @@
-// The model benchmark suite: models M1-M8 of /work/shared/targets.md (same shapes, fp32, seed 0,
+// The model benchmark suite: models M1-M8 (the README's benchmark models; fp32, seed 0,
 // 2 intra-op threads), each in every mode whose backend is registered, with medians, speedups
 // over eager from the same run, first-call (trace + compile) times and the targets.
 //
@@ -48,7 +48,7 @@
 // The tables are also printed to stdout at the end.
 //
 // Run with glibc malloc tuned (scripts/bench-models.sh sets MALLOC_MMAP_THRESHOLD_ and
-// MALLOC_TRIM_THRESHOLD_ as in targets.md).
+// MALLOC_TRIM_THRESHOLD_ as the README states).
 #include "bench_context.h"
 
 #include <benchmark/benchmark.h>
@@ -290,7 +290,7 @@ const std::vector<Mode>& modes() {
 bool applies(const Row& r, const Mode& m) { return !m.training_only || r.training; }
 bool available(const Mode& m) { return m.backend.empty() || torchcompile::has_backend(m.backend); }
 
-// Targets and anchors of /work/shared/targets.md (median ms; 2026-11-22, 2 cores of an AMD EPYC).
+// Targets and measured anchors (median ms: eager LibTorch, TorchScript, Inductor; 2026-11-22, 2 cores of an AMD EPYC).
 struct Target {
   std::string id;
   double eager_ms, torchscript_ms, target_ms;  // torchscript_ms < 0: no anchor
@@ -711,7 +711,7 @@ std::string report(Results& res) {
        << " fresh compiles in a warm process)\n\n";
     os << first_call_table(res);
   }
-  os << "\n## Targets (targets.md) beside this run\n\n";
+  os << "\n## Targets beside this run\n\n";
   os << "\"met (ms)\" compares the `default` mode's median with the absolute target; \"met (speedup)\" compares its "
         "speedup over eager in this run with the target's speedup over the anchor eager "
         "(anchor eager ÷ target), which is robust to machine-to-machine differences.\n\n";

@@ -1,7 +1,7 @@
 // Per-call overhead of torch::compile's `eager` backend (cache lookup + guards + graph replay
 // by the interpreter) against plain eager LibTorch.
 //
-// Models (see /work/shared/targets.md): M8, 50 chained tiny ops on (8, 8), where the per-op
+// Models (the benchmark models of bench_models.cpp): M8, 50 chained tiny ops on (8, 8), where the per-op
 // cost of the replay dominates; M1, the MLP on (64, 784), where the GEMMs dominate; and
 // OneOp, a single x + 1 on (8, 8), which shows the fixed cost of one compiled call.
 //

@@ -3,6 +3,7 @@
 
 #include <torchcompile/ir/graph_module.h>
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -31,5 +32,10 @@ class Interpreter {
   std::unique_ptr<Plan> plan_;
   const GraphModule& gm_;
 };
+
+/// The graph as a function of its inputs, run by an Interpreter that the function owns: what a
+/// backend returns to run a graph as captured (`return ir::interpreter_fn(gm);`). The type is
+/// the backends' CompiledFn. `gm` must outlive the function (the runtime keeps it alive).
+std::function<std::vector<at::Tensor>(std::vector<at::Tensor>)> interpreter_fn(const GraphModule& gm);
 
 }  // namespace torchcompile::ir

@@ -4,8 +4,8 @@
 
 #include <torch/version.h>
 
-#include "../../backends/torchscript/torchscript_backend.h"
-#include "../../backends/torchscript/torchscript_graph.h"
+#include "../../../backends/torchscript/torchscript_backend.h"
+#include "../../../backends/torchscript/torchscript_graph.h"
 
 #include <torch/csrc/jit/runtime/graph_executor.h>
 

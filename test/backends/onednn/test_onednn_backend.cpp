@@ -3,8 +3,8 @@
 // graphs and concurrent calls stay correct.
 #include "support/test_util.h"
 
-#include "../../backends/onednn/onednn_backend.h"
-#include "../../examples/models.h"
+#include "../../../backends/onednn/onednn_backend.h"
+#include "../../../examples/models.h"
 #include <torchcompile/logging.h>
 
 #include <atomic>
