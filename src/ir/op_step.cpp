@@ -1,6 +1,7 @@
 #include <torchcompile/ir/op_step.h>
 #include <torchcompile/ir/op_properties.h>
 
+#include <ATen/ScalarOps.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/forward_grad.h>
@@ -47,6 +48,28 @@ OpStep::OpStep(const Node& n, const std::function<uint32_t(const Value&)>& slot_
   }
   return_counts_ = n.return_counts();
   for (const auto& r : schema.returns()) return_is_list_.push_back(r.type()->kind() == c10::TypeKind::ListType);
+  prepare_scalar_operand(n);
+}
+
+void OpStep::prepare_scalar_operand(const Node& n) {
+  const c10::OperatorName& name = n.schema().operator_name();
+  if (name.overload_name != "Scalar" ||
+      (name.name != "aten::add" && name.name != "aten::sub" && name.name != "aten::mul" && name.name != "aten::div"))
+    return;
+  if (n.args().size() < 2 || !n.args()[0].is_value() || !n.args()[1].is_constant() || tensor_args_.empty()) return;
+  const c10::IValue& other = n.args()[1].constant();
+  if (!other.isDouble() && !other.isInt()) return;
+  const Value self = n.args()[0].value();
+  const TensorMeta& m = self.node->output_meta().at(self.index);
+  // A floating-point tensor keeps its dtype whatever the scalar (a wrapped number never
+  // promotes it), so converting the scalar to that dtype is what ATen's promotion does.
+  if (!m.defined || !c10::isFloatingType(m.dtype) || !m.device.is_cpu()) return;
+  auto tensor_op = c10::Dispatcher::singleton().findOp({name.name, "Tensor"});
+  if (!tensor_op) return;
+  at::Tensor operand = c10::scalar_to_tensor(other.toScalar()).to(m.dtype);
+  operand.unsafeGetTensorImpl()->set_wrapped_number(true);
+  scalar_as_tensor_ = ScalarAsTensor{*tensor_op, std::nullopt, c10::IValue(std::move(operand)), m.dtype,
+                                     tensor_args_[0].slot};
 }
 
 namespace {
@@ -72,6 +95,17 @@ bool fresh_result(const Node& producer, uint32_t index) {
   return false;
 }
 
+// The in-place overload with the same arguments (`add.Tensor` -> `add_.Tensor`), if any.
+std::optional<c10::OperatorHandle> inplace_variant(const c10::OperatorHandle& op) {
+  const auto& schema = op.schema();
+  const auto& name = schema.operator_name();
+  if (name.name.empty() || name.name.back() == '_') return std::nullopt;
+  auto inplace = c10::Dispatcher::singleton().findOp({name.name + "_", name.overload_name});
+  if (!inplace || !same_argument_types(schema, inplace->schema()) || inplace->schema().returns().size() != 1)
+    return std::nullopt;
+  return *inplace;
+}
+
 }  // namespace
 
 bool OpStep::enable_self_reuse(const Node& n) {
@@ -90,12 +124,15 @@ bool OpStep::enable_self_reuse(const Node& n) {
   if (!in.defined || !out.defined || in.dtype != out.dtype || in.sizes != out.sizes || in.strides != out.strides ||
       in.device != out.device)
     return false;
-  const auto& name = schema.operator_name();
-  if (name.name.empty() || name.name.back() == '_') return false;
-  auto inplace = c10::Dispatcher::singleton().findOp({name.name + "_", name.overload_name});
-  if (!inplace || !same_argument_types(schema, inplace->schema()) || inplace->schema().returns().size() != 1)
-    return false;
-  inplace_op_ = *inplace;
+  inplace_op_ = inplace_variant(op_);
+  if (!inplace_op_) return false;
+  if (scalar_as_tensor_) {
+    scalar_as_tensor_->inplace_op = inplace_variant(scalar_as_tensor_->op);
+    if (!scalar_as_tensor_->inplace_op) {
+      inplace_op_.reset();
+      return false;
+    }
+  }
   self_slot_ = slot;
   self_sizes_ = in.sizes;
   self_strides_ = in.strides;
@@ -112,7 +149,17 @@ bool OpStep::reuse_self(const at::Tensor& self) const {
 
 void OpStep::run(at::Tensor* slots, torch::jit::Stack& stack, bool below_autograd) const {
   stack = stack_template_;
-  const bool in_place = inplace_op_ && below_autograd && reuse_self(slots[self_slot_]);
+  const c10::OperatorHandle* op = &op_;
+  const std::optional<c10::OperatorHandle>* inplace_op = &inplace_op_;
+  if (scalar_as_tensor_ && below_autograd) {
+    const at::Tensor& self = slots[scalar_as_tensor_->self_slot];
+    if (self.defined() && self.scalar_type() == scalar_as_tensor_->dtype) {
+      stack[1] = scalar_as_tensor_->operand;
+      op = &scalar_as_tensor_->op;
+      inplace_op = &scalar_as_tensor_->inplace_op;
+    }
+  }
+  const bool in_place = inplace_op->has_value() && below_autograd && reuse_self(slots[self_slot_]);
   if (in_place) stack[0] = std::move(slots[self_slot_]);
   for (const auto& ta : tensor_args_) {
     if (in_place && ta.stack_index == 0) continue;
@@ -136,7 +183,7 @@ void OpStep::run(at::Tensor* slots, torch::jit::Stack& stack, bool below_autogra
   {
     std::optional<c10::impl::ExcludeDispatchKeyGuard> skip;
     if (below_autograd) skip.emplace(c10::autograd_dispatch_keyset);
-    (in_place ? *inplace_op_ : op_).callBoxed(&stack);
+    (in_place ? **inplace_op : *op).callBoxed(&stack);
   }
   size_t o = 0;
   for (size_t r = 0; r < return_counts_.size(); ++r) {

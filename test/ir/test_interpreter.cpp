@@ -7,6 +7,8 @@
 
 #include <torch/csrc/autograd/forward_grad.h>
 
+#include <cstring>
+#include <random>
 #include <thread>
 
 using namespace torchcompile::ir;
@@ -235,4 +237,82 @@ TEST(OpStepReuse, ForwardModeGradientsStillPropagate) {
     EXPECT_TRUE(tc_test::tensors_close(want_tangent, got_tangent));
   }
   torch::autograd::ForwardADLevel::release_idx(level);
+}
+
+namespace {
+
+// Bitwise equality, NaNs included (same dtype and shape).
+bool same_bits(const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() != b.scalar_type() || !a.sizes().equals(b.sizes())) return false;
+  auto ac = a.contiguous(), bc = b.contiguous();
+  return std::memcmp(ac.data_ptr(), bc.data_ptr(), ac.numel() * ac.element_size()) == 0;
+}
+
+}  // namespace
+
+// add/sub/mul/div with a constant scalar run as their `.Tensor` overloads with a prepared
+// operand: random chains over every floating dtype (and integers, which keep the `.Scalar`
+// call), int and double constants and alpha, give eager's bits, with and without grad mode,
+// with and without the in-place reuse of the intermediate.
+TEST(OpStepScalarOperand, RandomScalarChainsMatchEagerBitwise) {
+  std::mt19937 rng(11);
+  const char* ops[] = {"aten::add.Scalar", "aten::sub.Scalar", "aten::mul.Scalar", "aten::div.Scalar"};
+  const c10::ScalarType dtypes[] = {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf, at::kLong};
+  const std::vector<c10::IValue> constants = {c10::IValue(0.1), c10::IValue(int64_t{3}), c10::IValue(-2.5),
+                                              c10::IValue(1e-3), c10::IValue(int64_t{-7}), c10::IValue(1.0 / 3)};
+  for (int trial = 0; trial < 80; ++trial) {
+    const c10::ScalarType dtype = dtypes[trial % 5];
+    at::Tensor x = dtype == at::kLong ? torch::randint(1, 9, {3, 5}, at::kLong) : torch::randn({3, 5}).to(dtype);
+    auto gm = std::make_shared<GraphModule>();
+    Graph& g = gm->graph();
+    Value v = g.placeholder("x", TensorMeta::of(x));
+    at::Tensor expected = x;
+    std::vector<std::unique_ptr<OpStep>> steps;
+    const int length = 1 + static_cast<int>(rng() % 4);
+    for (int i = 0; i < length; ++i) {
+      const char* target = ops[rng() % 4];
+      const c10::IValue c = constants[rng() % constants.size()];
+      std::vector<Argument> args{v, c};
+      const bool alpha = std::string(target).rfind("aten::add", 0) == 0 || std::string(target).rfind("aten::sub", 0) == 0;
+      if (alpha) args.emplace_back(c10::IValue(int64_t{2}));
+      const bool floating_self = c10::isFloatingType(expected.scalar_type());
+      torch::jit::Stack s{expected, c};
+      if (alpha) s.emplace_back(int64_t{2});
+      find_op(target).callBoxed(&s);
+      expected = s[0].toTensor();
+      Node* n = g.call_function(find_op(target), args, {TensorMeta::of(expected)});
+      v = n->output();
+      steps.push_back(std::make_unique<OpStep>(*n, [](const Value&) { return 0u; }, std::vector<uint32_t>{0}));
+      EXPECT_EQ(steps.back()->scalar_operand_prepared(), floating_self) << target << " " << dtype;
+    }
+    g.output({v});
+    for (bool grad : {false, true}) {
+      torch::AutoGradMode mode(grad);
+      at::Tensor got = gm->forward({x})[0];
+      EXPECT_TRUE(same_bits(expected, got)) << "trial " << trial << " dtype " << dtype << " grad " << grad;
+    }
+    // The same steps run one by one on a slot, below autograd, in place where allowed.
+    torch::NoGradGuard no_grad;
+    at::Tensor slot = x.clone();
+    torch::jit::Stack stack;
+    for (auto& step : steps) step->run(&slot, stack, /*below_autograd=*/true);
+    EXPECT_TRUE(same_bits(expected, slot)) << "trial " << trial;
+  }
+}
+
+// A slot whose dtype is not the traced one (not possible under guards, but an OpStep must not
+// rely on it) runs the traced `.Scalar` overload.
+TEST(OpStepScalarOperand, OtherDtypeAtRunTimeUsesTheScalarOverload) {
+  Graph g;
+  at::Tensor x = torch::randn({4});
+  Value in = g.placeholder("x", TensorMeta::of(x));
+  Node* mul = g.call_function(find_op("aten::mul.Scalar"), {in, c10::IValue(0.5)}, {TensorMeta::of(x)});
+  OpStep step(*mul, [](const Value&) { return 0u; }, {0});
+  ASSERT_TRUE(step.scalar_operand_prepared());
+  torch::NoGradGuard no_grad;
+  at::Tensor slot = torch::arange(4, at::kLong);
+  torch::jit::Stack stack;
+  step.run(&slot, stack, true);
+  EXPECT_EQ(slot.scalar_type(), torch::mul(torch::arange(4, at::kLong), 0.5).scalar_type());
+  EXPECT_TRUE(tc_test::tensors_equal(torch::mul(torch::arange(4, at::kLong), 0.5), slot));
 }

@@ -22,6 +22,14 @@ class OpStep {
  public:
   /// `slot_of` gives the slot of each value the node reads; `out_slots` receive its outputs in
   /// order (one per node output).
+  ///
+  /// `add`, `sub`, `mul` and `div` with a constant scalar operand on a floating-point tensor
+  /// (`x * 0.9`) are prepared as their `.Tensor` overloads with the scalar already a 0-dim
+  /// wrapped-number tensor of `x`'s dtype: ATen's `.Scalar` overloads build that tensor on every
+  /// call and then convert it to `x`'s dtype (two allocations and a copy kernel, more than the
+  /// operation itself on small tensors). The value and the result are the same bits: ATen reads
+  /// the operand after that same conversion. Used only when the call skips the autograd keys and
+  /// `x` has the traced dtype; otherwise the step calls the `.Scalar` overload as traced.
   OpStep(const Node& n, const std::function<uint32_t(const Value&)>& slot_of, std::vector<uint32_t> out_slots);
 
   /// Call the operator on `slots`, using `stack` as scratch (its capacity is reused from call
@@ -39,6 +47,9 @@ class OpStep {
   /// Returns whether the reuse was enabled. This saves an allocation per op, which is most of
   /// the cost of small ops.
   bool enable_self_reuse(const Node& n);
+
+  /// Whether the step passes its scalar operand as a prepared tensor (see the constructor).
+  bool scalar_operand_prepared() const { return scalar_as_tensor_.has_value(); }
 
   /// The slots the step reads, in argument order (a slot may repeat).
   const std::vector<uint32_t>& reads() const { return reads_; }
@@ -58,8 +69,19 @@ class OpStep {
   };
   bool reuse_self(const at::Tensor& self) const;
 
+  /// The `.Tensor` form of a `.Scalar` call (see the constructor).
+  struct ScalarAsTensor {
+    c10::OperatorHandle op;
+    std::optional<c10::OperatorHandle> inplace_op;  // set by enable_self_reuse
+    c10::IValue operand;                            // the 0-dim wrapped-number tensor
+    c10::ScalarType dtype;                          // of `self` (and of the operand)
+    uint32_t self_slot;
+  };
+  void prepare_scalar_operand(const Node& n);
+
   c10::OperatorHandle op_;
   std::optional<c10::OperatorHandle> inplace_op_;  // set by enable_self_reuse
+  std::optional<ScalarAsTensor> scalar_as_tensor_;
   uint32_t self_slot_ = 0;
   std::vector<int64_t> self_sizes_, self_strides_;
   std::vector<c10::IValue> stack_template_;
