@@ -1,7 +1,8 @@
 #include <torchcompile/ir/op_step.h>
 #include <torchcompile/ir/op_properties.h>
 
-#include <ATen/ScalarOps.h>
+#include <ATen/Dispatch.h>
+#include <ATen/EmptyTensor.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/forward_grad.h>
@@ -51,6 +52,25 @@ OpStep::OpStep(const Node& n, const std::function<uint32_t(const Value&)>& slot_
   prepare_scalar_operand(n);
 }
 
+namespace {
+
+// `value` as a 0-dim wrapped-number CPU tensor of `dtype`, converted as ATen converts a
+// wrapped number (an int64 or double tensor copied to `dtype`: `c10::convert`). Built without
+// the dispatcher: an interpreter may be prepared while the tracer or functionalization is on
+// (AOT traces the joint graph through one), and a dispatched op here would be recorded or
+// return a functional wrapper instead of a plain constant.
+at::Tensor wrapped_operand(const c10::IValue& value, c10::ScalarType dtype) {
+  at::Tensor t(at::detail::empty_cpu({}, dtype, /*pin_memory=*/false, c10::nullopt));
+  AT_DISPATCH_FLOATING_TYPES(dtype, "wrapped_operand", [&] {
+    *t.data_ptr<scalar_t>() =
+        value.isDouble() ? c10::convert<scalar_t>(value.toDouble()) : c10::convert<scalar_t>(value.toInt());
+  });
+  t.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return t;
+}
+
+}  // namespace
+
 void OpStep::prepare_scalar_operand(const Node& n) {
   const c10::OperatorName& name = n.schema().operator_name();
   if (name.overload_name != "Scalar" ||
@@ -61,13 +81,14 @@ void OpStep::prepare_scalar_operand(const Node& n) {
   if (!other.isDouble() && !other.isInt()) return;
   const Value self = n.args()[0].value();
   const TensorMeta& m = self.node->output_meta().at(self.index);
-  // A floating-point tensor keeps its dtype whatever the scalar (a wrapped number never
-  // promotes it), so converting the scalar to that dtype is what ATen's promotion does.
-  if (!m.defined || !c10::isFloatingType(m.dtype) || !m.device.is_cpu()) return;
+  // A float or double tensor keeps its dtype whatever the scalar (a wrapped number never
+  // promotes it), so converting the scalar to that dtype is what ATen's promotion does. Not
+  // Half and BFloat16: LibTorch 2.x computes them in float and may read the scalar at float
+  // precision, not rounded to the tensor's dtype.
+  if (!m.defined || (m.dtype != at::kFloat && m.dtype != at::kDouble) || !m.device.is_cpu()) return;
   auto tensor_op = c10::Dispatcher::singleton().findOp({name.name, "Tensor"});
   if (!tensor_op) return;
-  at::Tensor operand = c10::scalar_to_tensor(other.toScalar()).to(m.dtype);
-  operand.unsafeGetTensorImpl()->set_wrapped_number(true);
+  at::Tensor operand = wrapped_operand(other, m.dtype);
   scalar_as_tensor_ = ScalarAsTensor{*tensor_op, std::nullopt, c10::IValue(std::move(operand)), m.dtype,
                                      tensor_args_[0].slot};
 }

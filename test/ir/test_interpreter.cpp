@@ -5,6 +5,8 @@
 #include <torchcompile/ir/interpreter.h>
 #include <torchcompile/ir/op_step.h>
 
+#include <ATen/FunctionalTensorWrapper.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/forward_grad.h>
 
 #include <cstring>
@@ -251,8 +253,8 @@ bool same_bits(const at::Tensor& a, const at::Tensor& b) {
 }  // namespace
 
 // add/sub/mul/div with a constant scalar run as their `.Tensor` overloads with a prepared
-// operand: random chains over every floating dtype (and integers, which keep the `.Scalar`
-// call), int and double constants and alpha, give eager's bits, with and without grad mode,
+// operand: random chains over float and double (and Half, BFloat16 and integers, which keep
+// the `.Scalar` call), int and double constants and alpha, give eager's bits, with and without grad mode,
 // with and without the in-place reuse of the intermediate.
 TEST(OpStepScalarOperand, RandomScalarChainsMatchEagerBitwise) {
   std::mt19937 rng(11);
@@ -275,7 +277,7 @@ TEST(OpStepScalarOperand, RandomScalarChainsMatchEagerBitwise) {
       std::vector<Argument> args{v, c};
       const bool alpha = std::string(target).rfind("aten::add", 0) == 0 || std::string(target).rfind("aten::sub", 0) == 0;
       if (alpha) args.emplace_back(c10::IValue(int64_t{2}));
-      const bool floating_self = c10::isFloatingType(expected.scalar_type());
+      const bool floating_self = expected.scalar_type() == at::kFloat || expected.scalar_type() == at::kDouble;
       torch::jit::Stack s{expected, c};
       if (alpha) s.emplace_back(int64_t{2});
       find_op(target).callBoxed(&s);
@@ -315,4 +317,26 @@ TEST(OpStepScalarOperand, OtherDtypeAtRunTimeUsesTheScalarOverload) {
   step.run(&slot, stack, true);
   EXPECT_EQ(slot.scalar_type(), torch::mul(torch::arange(4, at::kLong), 0.5).scalar_type());
   EXPECT_TRUE(tc_test::tensors_equal(torch::mul(torch::arange(4, at::kLong), 0.5), slot));
+}
+
+// The operand is prepared without the dispatcher: AOT builds interpreters while tracing the
+// joint graph with functionalization on, where a dispatched op would return a functional
+// wrapper (or be recorded), not a plain constant.
+TEST(OpStepScalarOperand, PreparedUnderFunctionalizationIsAPlainConstant) {
+  Graph g;
+  at::Tensor x = torch::randn({4});
+  Value in = g.placeholder("x", TensorMeta::of(x));
+  Node* mul = g.call_function(find_op("aten::mul.Scalar"), {in, c10::IValue(0.3)}, {TensorMeta::of(x)});
+  std::optional<OpStep> step;
+  {
+    c10::impl::IncludeDispatchKeyGuard functionalize(c10::DispatchKey::Functionalize);
+    step.emplace(*mul, [](const Value&) { return 0u; }, std::vector<uint32_t>{0});
+  }
+  ASSERT_TRUE(step->scalar_operand_prepared());
+  torch::NoGradGuard no_grad;
+  at::Tensor slot = x.clone();
+  torch::jit::Stack stack;
+  step->run(&slot, stack, /*below_autograd=*/true);
+  EXPECT_FALSE(at::functionalization::impl::isFunctionalTensor(slot));
+  EXPECT_TRUE(same_bits(torch::mul(x, 0.3), slot));
 }

@@ -23,7 +23,7 @@ class OpStep {
   /// `slot_of` gives the slot of each value the node reads; `out_slots` receive its outputs in
   /// order (one per node output).
   ///
-  /// `add`, `sub`, `mul` and `div` with a constant scalar operand on a floating-point tensor
+  /// `add`, `sub`, `mul` and `div` with a constant scalar operand on a float or double tensor
   /// (`x * 0.9`) are prepared as their `.Tensor` overloads with the scalar already a 0-dim
   /// wrapped-number tensor of `x`'s dtype: ATen's `.Scalar` overloads build that tensor on every
   /// call and then convert it to `x`'s dtype (two allocations and a copy kernel, more than the
