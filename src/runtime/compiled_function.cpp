@@ -2,6 +2,7 @@
 
 #include <torchcompile/capture/tracer.h>
 
+#include "capture/segment_records.h"
 #include "compile/pipeline.h"
 #include "runtime/call_state.h"
 #include "runtime/guards.h"
@@ -466,13 +467,13 @@ CompiledFunction::Traced CompiledFunction::trace(const CallArgs& args, const For
       spec.undefined.push_back(i);
     }
   }
-  if (!tracer.failed()) t.records = tracer.finish_segments(defined);  // may fail on an output
+  if (!tracer.failed()) t.records = capture::finish_segments(tracer, defined);  // may fail on an output
   if (tracer.failed()) {
     t.failure = tracer.failure()->reason;
     t.records.clear();
     TORCHCOMPILE_LOG(LogKind::GraphBreaks, "torch::compile(", name_, "): trace abandoned: ", t.failure);
   }
-  t.slots = tracer.slot_tensors();
+  t.slots = capture::slot_tensors(tracer);
   return t;
 }
 
