@@ -20,44 +20,13 @@
 #include <torch/nn/module.h>
 
 #include <ATen/core/grad_mode.h>
-#include <ATen/ops/allclose.h>
-#include <ATen/ops/equal.h>
 
 #include <algorithm>
 #include <cstdlib>
-#include <sstream>
 #include <optional>
 
 namespace torchcompile {
 namespace runtime {
-
-// ---- arguments ------------------------------------------------------------------------------
-
-bool ArgItem::operator==(const ArgItem& o) const {
-  if (kind != o.kind) return false;
-  if (kind == Double) return d == o.d || (d != d && o.d != o.d);  // NaN specializes like any value
-  return i == o.i;
-}
-
-void CallArgs::add(const at::Tensor& t) {
-  items.push_back({ArgItem::Tensor, 1});
-  tensors.push_back(t);
-}
-
-void CallArgs::add(const std::vector<at::Tensor>& ts) {
-  items.push_back({ArgItem::TensorList, static_cast<int64_t>(ts.size())});
-  tensors.insert(tensors.end(), ts.begin(), ts.end());
-}
-
-void CallArgs::add(const c10::optional<at::Tensor>& t) {
-  const bool present = t.has_value() && t->defined();
-  items.push_back({ArgItem::Tensor, present ? 1 : 0});
-  if (present) tensors.push_back(*t);
-}
-
-void CallArgs::add(int64_t v) { items.push_back({ArgItem::Int, v}); }
-void CallArgs::add(double v) { items.push_back({ArgItem::Double, 0, v}); }
-void CallArgs::add(bool v) { items.push_back({ArgItem::Bool, v ? 1 : 0}); }
 
 // ---- the trace tree ---------------------------------------------------------------------------
 
@@ -323,55 +292,6 @@ std::vector<at::Tensor> CompiledFunction::call(const CallArgs& args, const Forwa
   if (capture::Tracer::current() != nullptr) return forward(spec);
   if (verify_) return call_verified(args, forward, spec);
   return call_compiled(args, forward, spec);
-}
-
-std::vector<at::Tensor> CompiledFunction::call_verified(const CallArgs& args, const ForwardFn& forward,
-                                                        OutputSpec& spec) {
-  // Snapshot what the forward may change: inputs, module state, the random generator.
-  StateSnapshot before;
-  for (const at::Tensor& t : args.tensors) before.save(t);
-  if (root_) {
-    for (const auto& p : root_->parameters(/*recurse=*/true)) before.save(p);
-    for (const auto& b : root_->buffers(/*recurse=*/true)) before.save(b);
-  }
-  before.save_rng();
-  OutputSpec eager_spec;
-  std::vector<at::Tensor> expected = forward(eager_spec);
-  before.restore();
-  std::vector<at::Tensor> actual = call_compiled(args, forward, spec);
-  std::string mismatch;
-  if (expected.size() != actual.size()) {
-    mismatch = "the compiled call returned " + std::to_string(actual.size()) + " tensors, eager " +
-               std::to_string(expected.size());
-  }
-  for (size_t i = 0; mismatch.empty() && i < expected.size(); ++i) {
-    const at::Tensor &e = expected[i], &a = actual[i];
-    std::ostringstream os;
-    if (e.defined() != a.defined()) {
-      os << "output " << i << " is " << (e.defined() ? "defined" : "undefined") << " in eager, "
-         << (a.defined() ? "defined" : "undefined") << " compiled";
-    } else if (!e.defined()) {
-      continue;
-    } else if (e.sizes() != a.sizes() || e.scalar_type() != a.scalar_type()) {
-      os << "output " << i << ": eager gives " << e.scalar_type() << e.sizes() << ", compiled " << a.scalar_type()
-         << a.sizes();
-    } else if (at::isFloatingType(e.scalar_type()) ? !at::allclose(e, a, 1e-4, 1e-5, /*equal_nan=*/true)
-                                                   : !at::equal(e, a)) {
-      os << "output " << i << " differs from eager: max abs difference "
-         << (e.to(at::kDouble) - a.to(at::kDouble)).abs().max().item<double>();
-    }
-    mismatch = os.str();
-  }
-  if (!mismatch.empty()) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (verify_failure_.empty()) verify_failure_ = mismatch;
-    }
-    TORCH_WARN("torch::compile(", name_, ") verify: ", mismatch,
-               ". Does the forward depend on host state the trace cannot see (a read of tensor data outside "
-               "the dispatcher, a counter)? See the README's Limitations");
-  }
-  return actual;
 }
 
 std::vector<at::Tensor> CompiledFunction::call_compiled(const CallArgs& args, const ForwardFn& forward,
