@@ -1,3 +1,5 @@
+// The tracer (capture/tracer.h): its recording state, the dispatcher fallback that feeds it, and
+// the finished segments (capture/segment_records.h).
 #include <torchcompile/capture/tracer.h>
 #include <torchcompile/compat.h>
 #include <torchcompile/ir/op_properties.h>
@@ -10,6 +12,8 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/intrusive_ptr.h>
 #include <torch/library.h>
+
+#include "capture/segment_records.h"
 
 #include <algorithm>
 #include <cstring>
@@ -563,6 +567,13 @@ struct Tracer::Impl {
 
 };
 
+// What the code outside the class reaches of a Tracer: its recording state.
+struct TracerAccess {
+  using Impl = Tracer::Impl;
+  static Impl& impl(Tracer& t) { return *t.impl_; }
+  static const Impl& impl(const Tracer& t) { return *t.impl_; }
+};
+
 // ---- dispatcher hook --------------------------------------------------------------------------
 
 namespace {
@@ -576,7 +587,7 @@ void tracing_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     redispatch_below_tracer(key, op, ks, stack);
     return;
   }
-  Tracer::Impl& impl = tracer->impl();
+  TracerAccess::Impl& impl = TracerAccess::impl(*tracer);
   const auto& schema = op.schema();
   const bool host_value = !returns_only_tensors(schema);
   if (host_value && is_metadata_query(op)) {
@@ -664,8 +675,6 @@ void Tracer::fail(std::string reason, std::string op) {
 
 size_t Tracer::num_breaks() const { return impl_->done.size(); }
 
-const std::vector<at::Tensor>& Tracer::slot_tensors() const { return impl_->slots; }
-
 Tracer::Activation::Activation(Tracer* t, TraceLevel level)
     : level_(level),
       previous_(tls_current_tracer[static_cast<int>(level)]),
@@ -719,11 +728,12 @@ void Tracer::record_module_call(const std::string& path, const std::vector<at::T
   im.add_results(node, outputs);
 }
 
-std::vector<SegmentRecord> Tracer::finish_segments(const std::vector<at::Tensor>& outputs) {
-  TORCH_INTERNAL_ASSERT(!failed(), "Tracer::finish called on a failed trace");
-  TORCH_INTERNAL_ASSERT(tls_current_tracer[static_cast<int>(level_)] != this,
-                        "Tracer::finish called while the tracer is active");
-  Impl& im = *impl_;
+// ---- finished segments -----------------------------------------------------------------------
+
+std::vector<SegmentRecord> finish_segments(Tracer& tracer, const std::vector<at::Tensor>& outputs) {
+  TORCH_INTERNAL_ASSERT(!tracer.failed(), "Tracer::finish called on a failed trace");
+  TORCH_INTERNAL_ASSERT(Tracer::current(tracer.level()) != &tracer, "Tracer::finish called while the tracer is active");
+  TracerAccess::Impl& im = TracerAccess::impl(tracer);
   std::vector<ir::Value> outs;
   outs.reserve(outputs.size());
   for (const at::Tensor& t : outputs) {
@@ -736,9 +746,11 @@ std::vector<SegmentRecord> Tracer::finish_segments(const std::vector<at::Tensor>
   return std::move(im.done);
 }
 
+const std::vector<at::Tensor>& slot_tensors(const Tracer& tracer) { return TracerAccess::impl(tracer).slots; }
+
 std::unique_ptr<ir::GraphModule> Tracer::finish(const std::vector<at::Tensor>& outputs) {
   TORCH_INTERNAL_ASSERT(impl_->done.empty(), "Tracer::finish: the trace has graph breaks; use finish_segments");
-  auto segments = finish_segments(outputs);
+  auto segments = finish_segments(*this, outputs);
   if (segments.empty()) return nullptr;
   return std::move(segments.front().gm);
 }

@@ -63,4 +63,8 @@ class TraceContext {
   std::vector<Noted> modules_;
 };
 
+/// The type name of `m` without its namespace and `Impl` suffix (`Linear`), for messages and
+/// for the path of a module called from outside the root's tree.
+std::string module_type_name(const torch::nn::Module& m);
+
 }  // namespace torchcompile::runtime

@@ -6,6 +6,8 @@
 #include <torchcompile/ir/interpreter.h>
 #include <torchcompile/ir/passes.h>
 
+#include "capture/segment_records.h"
+
 #include <thread>
 
 using torchcompile::capture::Tracer;
@@ -131,7 +133,7 @@ TEST(Tracer, DataDependentHostReadEndsASegment) {
     (void)x.size(0);  // metadata reads are not breaks
   }
   ASSERT_FALSE(t.failed());
-  auto segments = t.finish_segments({y});
+  auto segments = torchcompile::capture::finish_segments(t, {y});
   ASSERT_EQ(segments.size(), 2u);
   ASSERT_TRUE(segments[0].branch.has_value());
   EXPECT_EQ(torchcompile::ir::op_target_name(segments[0].branch->op), "aten::item");

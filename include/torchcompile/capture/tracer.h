@@ -12,14 +12,14 @@
 // 0..n-1), the read is executed and its value becomes the key of a branch, and recording goes
 // on in a new segment whose placeholders read slots. A later call that reads a value with no
 // traced continuation restores the state the compiled segments changed and runs the forward
-// again from the start under a new tracer (see runtime/compiled_function.cpp).
+// again from the start under a new tracer (see src/runtime/trace_tree.cpp). The segment records
+// and finish_segments are the library's own (src/capture/segment_records.h).
 #pragma once
 
 #include <torchcompile/ir/graph_module.h>
 
 #include <functional>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,27 +46,6 @@ struct TraceFailure {
   std::string reason;  ///< "a tensor sharing memory with an input ..."
   std::string op;      ///< the operator, if one caused it
 };
-
-/// The host read that ended a segment, and the value it returned when traced.
-struct BranchRecord {
-  c10::OperatorHandle op;
-  std::vector<c10::IValue> stack_template;                  ///< constants; tensor positions hold None
-  std::vector<std::pair<uint32_t, uint32_t>> tensor_args;   ///< (stack index, slot)
-  std::vector<c10::IValue> key;                             ///< the read's results
-};
-
-/// A recorded graph segment.
-struct SegmentRecord {
-  std::unique_ptr<ir::GraphModule> gm;
-  std::vector<uint32_t> input_slots;   ///< slot read by each placeholder, in order
-  std::vector<uint32_t> output_slots;  ///< for a segment ending in a branch: slot of each output
-  std::optional<BranchRecord> branch;  ///< empty for the last segment (its outputs are results)
-};
-
-/// Whether two branch keys are the same value (doubles bitwise, NaN equal to NaN).
-bool same_key(const std::vector<c10::IValue>& a, const std::vector<c10::IValue>& b);
-/// `1.5`, `true`, ... for messages.
-std::string key_repr(const std::vector<c10::IValue>& key);
 
 /// One trace. Not thread-safe: a Tracer belongs to the thread that activates it.
 class Tracer {
@@ -138,24 +117,22 @@ class Tracer {
     explicit Suspension(TraceLevel level = TraceLevel::AboveAutograd) : Activation(nullptr, level) {}
   };
 
-  /// Finish: close the last segment with `outputs` as its outputs, run dead-code elimination
-  /// and lint on every new segment, and return them in order (each but the last ends in a
-  /// branch). Only valid if !failed() and the forward was recorded to its end.
-  std::vector<SegmentRecord> finish_segments(const std::vector<at::Tensor>& outputs);
-  /// finish_segments for a trace without graph breaks: the single graph.
+  /// Finish a trace without graph breaks: its single graph, with `outputs` as its outputs, as
+  /// recorded (neither dead-code elimination nor lint runs here); null if an output cannot be
+  /// resolved to a graph value (the trace then fails). Only valid if !failed(), the forward was
+  /// recorded to its end and the tracer is no longer active.
   std::unique_ptr<ir::GraphModule> finish(const std::vector<at::Tensor>& outputs);
-  /// The tensors of every slot (example inputs of the segments).
-  const std::vector<at::Tensor>& slot_tensors() const;
-
-  // Called by the dispatcher fallback.
-  struct Impl;
-  Impl& impl() { return *impl_; }
 
  private:
+  // The recording state. The dispatcher fallback, finish_segments and slot_tensors
+  // (src/capture/segment_records.h) reach it through TracerAccess (src/capture/tracer.cpp).
+  struct Impl;
+  friend struct Impl;
+  friend struct TracerAccess;
+
   TraceLevel level_;
   std::unique_ptr<Impl> impl_;
   std::unique_ptr<TraceFailure> failure_;
-  friend struct Impl;
 };
 
 }  // namespace torchcompile::capture

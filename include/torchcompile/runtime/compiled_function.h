@@ -1,6 +1,7 @@
 // The non-template core of a compiled module or function: the guarded cache of compiled
 // entries, tracing on a miss, and the eager fallback. torchcompile.h wraps it in templates that
-// flatten the user's arguments and rebuild the user's return type.
+// flatten the user's arguments and rebuild the user's return type. What the entries hold (the
+// trace tree) and how a forward is traced are the library's own (src/runtime/).
 #pragma once
 
 #include <torchcompile/runtime/compile_options.h>
@@ -18,13 +19,6 @@
 namespace torch::nn {
 class Module;
 }
-namespace torchcompile::capture {
-class Tracer;
-struct SegmentRecord;
-}  // namespace torchcompile::capture
-namespace torchcompile::runtime {
-class StateSnapshot;
-}  // namespace torchcompile::runtime
 
 namespace torchcompile {
 
@@ -139,21 +133,19 @@ class CompiledFunction {
   Backend resolve_backend();
   void warn_once(const std::string& key, const std::string& message);
   std::vector<at::Tensor> call_compiled(const CallArgs& args, const ForwardFn& forward, OutputSpec& spec);
+  /// Verify mode (verify.cpp): run the forward eagerly, put the state back, run call_compiled
+  /// and compare the results.
   std::vector<at::Tensor> call_verified(const CallArgs& args, const ForwardFn& forward, OutputSpec& spec);
+  /// A miss: trace the forward, compile its segments and add the new entry (eager if that failed).
   std::vector<at::Tensor> trace_new_entry(const CallArgs& args, const ForwardFn& forward, OutputSpec& spec);
+  /// Run `entry`'s trace tree on `args` (trace_tree.cpp).
   std::vector<at::Tensor> run_entry(const CompiledEntry& entry, const CallArgs& args, const ForwardFn& forward,
                                     OutputSpec& spec);
-  /// A trace of one run of the forward: its results, and its segments or why it failed.
-  struct Traced;
-  Traced trace(const CallArgs& args, const ForwardFn& forward, OutputSpec& spec, const std::vector<std::string>& names);
-  /// A branch value with no compiled continuation: restore `snapshot` and run the forward
-  /// again, traced (the new continuation joins the tree) or, if `record` is false, eagerly.
-  std::vector<at::Tensor> rerun_forward(const CompiledEntry& entry, const CallArgs& args, const StateSnapshot& snapshot,
-                                        bool record, const ForwardFn& forward, OutputSpec& spec);
-  /// Compile recorded segments into a chain; on failure returns null and sets `failure`.
-  std::unique_ptr<Segment> compile_chain(std::vector<capture::SegmentRecord>& records, size_t from,
-                                         const std::vector<at::Tensor>& slots, std::string& failure);
-  void add_module_state(capture::Tracer& tracer) const;
+  /// A branch value with no compiled continuation, the state put back as it was when the call
+  /// began: run the forward again, traced (the new continuation joins the tree) or, if `record`
+  /// is false, eagerly (trace_tree.cpp).
+  std::vector<at::Tensor> retrace_branch(const CompiledEntry& entry, const CallArgs& args, bool record,
+                                         const ForwardFn& forward, OutputSpec& spec);
 
   CompileOptions options_;
   std::shared_ptr<torch::nn::Module> root_;

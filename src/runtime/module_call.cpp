@@ -1,5 +1,6 @@
-// The module call boundary: hook firing (forward and backward), and what a trace does with a
-// module call (inline it, or keep it as an opaque call_module node).
+// The module call boundary (runtime/module_call.h): hook firing (forward and backward) around a
+// module's forward, and what a trace does with a module call (inline it, or keep it as an opaque
+// call_module node). The hooks it fires come from the registry below the runtime (src/hooks/).
 #include <torchcompile/runtime/module_call.h>
 
 #include <torchcompile/capture/tracer.h>
@@ -15,45 +16,6 @@
 #include <algorithm>
 
 namespace torchcompile::runtime {
-
-// ---- trace context ----------------------------------------------------------------------------
-
-namespace {
-thread_local TraceContext* tls_context = nullptr;
-
-std::string type_name(const torch::nn::Module& m) {
-  std::string n = m.name();
-  if (auto p = n.rfind("::"); p != std::string::npos) n = n.substr(p + 2);
-  if (n.size() > 4 && n.compare(n.size() - 4, 4, "Impl") == 0) n.resize(n.size() - 4);
-  return n;
-}
-}  // namespace
-
-TraceContext* TraceContext::current() { return tls_context; }
-
-TraceContext::Scope::Scope(TraceContext& ctx) : previous_(tls_context) { tls_context = &ctx; }
-TraceContext::Scope::~Scope() { tls_context = previous_; }
-
-std::string TraceContext::path_of(const torch::nn::Module& m) const {
-  const torch::nn::Module* parent = stack_.empty() ? root_ : stack_.back().first;
-  const std::string parent_path = stack_.empty() ? "" : stack_.back().second;
-  if (parent != nullptr) {
-    for (const auto& c : parent->named_children())
-      if (c.value().get() == &m) return parent_path.empty() ? c.key() : parent_path + "." + c.key();
-  }
-  if (root_ != nullptr) {
-    if (&m == root_) return "";
-    for (const auto& c : root_->named_modules("", /*include_self=*/false))
-      if (c.value().get() == &m) return c.key();
-  }
-  return type_name(m);
-}
-
-void TraceContext::note(const std::shared_ptr<torch::nn::Module>& m, uint64_t version, const std::string& path) {
-  for (const Noted& n : modules_)
-    if (n.module.get() == m.get()) return;
-  modules_.push_back(Noted{m, version, path});
-}
 
 // ---- backward hooks ---------------------------------------------------------------------------
 
@@ -83,7 +45,7 @@ c10::intrusive_ptr<BackwardState> state_of(AutogradContext* ctx) {
 }
 
 void check_count(const char* what, const torch::nn::Module& m, size_t got, size_t expected) {
-  TORCH_CHECK(got == expected, "torchcompile: a ", what, " of ", type_name(m), " returned ", got,
+  TORCH_CHECK(got == expected, "torchcompile: a ", what, " of ", module_type_name(m), " returned ", got,
               " tensors; it must return as many as it was given (", expected, ")");
 }
 
@@ -257,7 +219,7 @@ std::vector<at::Tensor> call_module(const std::shared_ptr<torch::nn::Module>& mo
   if (tracer == nullptr || !tracer->following()) return fire(m, hooks, std::move(inputs), body, spec);
 
   TraceContext* ctx = TraceContext::current();
-  const std::string path = ctx ? ctx->path_of(m) : type_name(m);
+  const std::string path = ctx ? ctx->path_of(m) : module_type_name(m);
   if (ctx) ctx->note(module, hooks ? detail::hook_version(m) : 0, path);
 
   if (!hooks || hooks->inlinable()) {
@@ -275,7 +237,7 @@ std::vector<at::Tensor> call_module(const std::shared_ptr<torch::nn::Module>& mo
     return fire(m, hooks, std::move(inputs), body, spec);
   }
 
-  const std::string node_path = path.empty() ? type_name(m) : path;
+  const std::string node_path = path.empty() ? module_type_name(m) : path;
   TORCH_CHECK(hooks->leaf || !ctx || !ctx->options().fullgraph, "torch::compile(fullgraph=true): module '",
               node_path, "' has hooks that cannot be inlined (", hooks->summary(),
               "); its call would split the graph. Register forward hooks with HookOptions().traceable() if they "

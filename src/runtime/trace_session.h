@@ -1,0 +1,42 @@
+// A trace session: one run of the user's forward under a new tracer, the same for the first
+// trace of a cache entry and for the retrace of a new graph-break value, and the compilation of
+// the segments it recorded into a chain of the trace tree.
+#pragma once
+
+#include <torchcompile/runtime/compiled_function.h>
+
+#include "capture/segment_records.h"
+#include "runtime/trace_tree.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace torchcompile::runtime {
+
+class GuardSet;
+
+/// A trace of one run of the forward: its results, and its segments or why it failed.
+struct TracedRun {
+  std::vector<at::Tensor> outputs;              // the call's flattened results
+  std::vector<capture::SegmentRecord> records;  // empty if the trace failed
+  std::vector<at::Tensor> slots;                // the slot tensors (example inputs)
+  std::string failure;
+};
+
+/// Run `forward` under a new tracer for the compiled object `fn`: the tensors of `args` are the
+/// graph inputs (named `names`), the root module's parameters and buffers its attributes, and
+/// module calls see `fn`'s trace context. The modules whose hooks the run crossed are guarded in
+/// `guards`. Undefined results are not graph outputs: `spec.undefined` lists their positions.
+TracedRun trace_forward(const CompiledFunction& fn, const GuardSet& guards, const CallArgs& args,
+                        const ForwardFn& forward, OutputSpec& spec, const std::vector<std::string>& names);
+
+/// Compile `traced.records[from...]` with `backend` (registered as `backend_name`; `name` names
+/// the compiled object in logs) into a chain: each segment the continuation of the one before
+/// at the value its branch read when traced; the last one returns results shaped as `spec`.
+/// On failure returns null and sets `failure`.
+std::unique_ptr<Segment> compile_chain(TracedRun& traced, size_t from, const OutputSpec& spec, const Backend& backend,
+                                       const std::string& backend_name, const std::string& name,
+                                       std::string& failure);
+
+}  // namespace torchcompile::runtime
