@@ -145,6 +145,10 @@ bool OpStep::enable_self_reuse(const Node& n) {
   if (!in.defined || !out.defined || in.dtype != out.dtype || in.sizes != out.sizes || in.strides != out.strides ||
       in.device != out.device)
     return false;
+  // Half and BFloat16 are left alone: LibTorch 2.x computes some of their in-place overloads
+  // with the scalar rounded differently from the out-of-place ones (`mul_(0.1)` and `mul(0.1)`
+  // on Half differ in the last bit), so reuse would change eager's results.
+  if (in.dtype == at::kHalf || in.dtype == at::kBFloat16) return false;
   inplace_op_ = inplace_variant(op_);
   if (!inplace_op_) return false;
   if (scalar_as_tensor_) {
