@@ -15,6 +15,7 @@
 
 #include <torchcompile/ir/op_properties.h>
 #include <torchcompile/ir/printer.h>
+#include <torchcompile/ir/split.h>
 
 #include <algorithm>
 #include <functional>
@@ -96,21 +97,7 @@ std::unique_ptr<ir::GraphModule> extract(const ir::GraphModule& joint, const std
       continue;
     }
     TORCH_INTERNAL_ASSERT(n->kind() == ir::NodeKind::CallFunction, "aot partition: unexpected node ", n->name());
-    std::vector<ir::Argument> args;
-    for (const auto& a : n->args()) {
-      if (a.is_value()) {
-        args.emplace_back(map(a.value()));
-      } else if (a.is_list()) {
-        std::vector<std::optional<Value>> list;
-        for (const auto& e : a.list()) list.push_back(e ? std::optional<Value>(map(*e)) : std::nullopt);
-        args.emplace_back(std::move(list));
-      } else {
-        args.emplace_back(a.constant());
-      }
-    }
-    Node* copy = g.call_function(n->op(), std::move(args), n->output_meta(), n->return_counts());
-    g.rename(copy, n->name());
-    copy->set_module_path(n->module_path());
+    Node* copy = ir::copy_node(g, *n, map);
     for (size_t i = 0; i < n->num_outputs(); ++i) env[n->output(i)] = copy->output(i);
   }
   std::vector<Value> outs;

@@ -1,0 +1,59 @@
+// Splitting a graph into parts (FX's split_module and capability-based partitioning): groups of
+// nodes become graph modules of their own, called from the rest of the graph through
+// call_module nodes, so that each part can go to a different backend.
+#pragma once
+
+#include <torchcompile/ir/graph_module.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace torchcompile::ir {
+
+/// Copy a call_function or call_module node into `dst` (at its insertion point), its argument
+/// values mapped through `map`; the copy keeps the node's name where `dst` has it free, its
+/// module path, output metadata and return counts.
+Node* copy_node(Graph& dst, const Node& n, const std::function<Value(const Value&)>& map);
+
+/// Groups of consecutive call_function nodes (in graph order) for which `supported` holds:
+/// a run of supported nodes ends at the first call_function or call_module node that is not
+/// supported (get_attr nodes between them do not end it). A run keeps the graph's order, so
+/// split_module never has to move a node across it. Runs shorter than `min_size` nodes are
+/// left out.
+std::vector<std::vector<const Node*>> partition_by_support(const Graph& g,
+                                                           const std::function<bool(const Node&)>& supported,
+                                                           size_t min_size = 1);
+
+/// One part of a split graph.
+struct SplitPart {
+  /// The call_module target in the parent (`submod_0`, `submod_1`, ...).
+  std::string path;
+  /// The part's nodes as a graph module: its placeholders are the values it reads from the rest
+  /// of the graph, its outputs the values the rest (or the graph's output) reads from it; the
+  /// attributes it reads are copied in (sharing the tensors).
+  std::shared_ptr<GraphModule> module;
+};
+
+/// A graph split by split_module.
+struct SplitGraph {
+  /// The original graph with each group replaced by one call_module node (same placeholders,
+  /// attributes and outputs). Each call_module target runs its part's module with the
+  /// interpreter until the caller registers something else (`parent->set_submodule`, e.g. the
+  /// part compiled by a backend, then `parent->recompile()`).
+  std::unique_ptr<GraphModule> parent;
+  /// One per group, in the order of `groups`.
+  std::vector<SplitPart> parts;
+};
+
+/// Split `gm`: each group of call_function nodes (disjoint; get_attr nodes are copied into the
+/// parts that read them) becomes one part. The parent runs the remaining nodes and the parts in
+/// an order that respects every data dependency and keeps each side effect (a mutation, a
+/// random op, a call_module) in its original order relative to every other node; groups that
+/// cannot be ordered so (a group that needs a value computed from its own result outside it, or
+/// that would move a node across a side effect) are refused with an error naming the group. The
+/// parent, run with the interpreter, computes what `gm` computes; each part is linted.
+SplitGraph split_module(const GraphModule& gm, const std::vector<std::vector<const Node*>>& groups);
+
+}  // namespace torchcompile::ir
