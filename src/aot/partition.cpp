@@ -28,14 +28,10 @@ namespace torchcompile::aot {
 
 namespace {
 
+using ir::input_values;
 using ir::Node;
 using ir::Value;
-
-std::vector<Value> input_values(const Node* n) {
-  std::vector<Value> vs;
-  for (const auto& a : n->args()) a.for_each_value([&](const Value& v) { vs.push_back(v); });
-  return vs;
-}
+using ir::value_name;
 
 int64_t bytes_of(const ir::TensorMeta& m) {
   if (!m.defined) return 0;
@@ -56,15 +52,11 @@ bool recomputable(const Node* n) {
 // What owns the memory of `v`: its producer, or, through views, the value they view.
 const Node* memory_owner(Value v) {
   while (ir::is_view_node(v.node)) {
-    auto ins = input_values(v.node);
+    auto ins = input_values(*v.node);
     if (ins.empty()) break;
     v = ins.front();
   }
   return v.node;
-}
-
-std::string value_name(const Value& v) {
-  return v.index == 0 ? v.node->name() : v.node->name() + "_" + std::to_string(v.index);
 }
 
 // A new GraphModule computing `outputs` from `inputs` (which become its placeholders, in order)
@@ -85,7 +77,7 @@ std::unique_ptr<ir::GraphModule> extract(const ir::GraphModule& joint, const std
     if (env.count(v) || !needed.insert(v.node).second) continue;
     TORCH_INTERNAL_ASSERT(v.node->kind() != ir::NodeKind::Placeholder, "aot partition: the ", what,
                           " graph needs '", v.node->name(), "', which it does not receive");
-    for (const Value& in : input_values(v.node)) todo.push_back(in);
+    for (const Value& in : input_values(*v.node)) todo.push_back(in);
   }
   auto map = [&](const Value& v) { return env.at(v); };
   for (const auto& owned : joint.graph().nodes()) {
@@ -115,7 +107,7 @@ std::unordered_set<const Node*> ancestors(const std::vector<Value>& roots, const
     const Node* n = todo.back();
     todo.pop_back();
     if (stop(n) || !seen.insert(n).second) continue;
-    for (const Value& in : input_values(n)) todo.push_back(in.node);
+    for (const Value& in : input_values(*n)) todo.push_back(in.node);
   }
   return seen;
 }
@@ -206,7 +198,7 @@ std::vector<Value> min_cut_saved(const ir::Graph& g, const std::unordered_set<co
     Node* n = owned.get();
     if (n->kind() == ir::NodeKind::GetAttr || n->kind() == ir::NodeKind::Output) continue;
     std::vector<Value> ins;
-    for (const Value& v : input_values(n))
+    for (const Value& v : input_values(*n))
       if (id.count(v)) ins.push_back(v);
     if (tangent_dependent.count(n)) {
       for (const Value& v : ins) net.add(out(v), sink, MinCut::kInf);
@@ -255,7 +247,7 @@ Partition partition_joint(const JointGraph& j, Partitioner partitioner) {
   for (const Value& t : tangents) tangent_dependent.insert(t.node);
   for (const auto& owned : g.nodes()) {
     if (owned->kind() != ir::NodeKind::CallFunction) continue;
-    for (const Value& v : input_values(owned.get())) {
+    for (const Value& v : input_values(*owned)) {
       if (tangent_dependent.count(v.node)) {
         tangent_dependent.insert(owned.get());
         break;
@@ -298,7 +290,7 @@ Partition partition_joint(const JointGraph& j, Partitioner partitioner) {
       chosen.insert(v);
     };
     for (const Node* n : backward)
-      for (const Value& v : input_values(n)) save(v);
+      for (const Value& v : input_values(*n)) save(v);
     for (const Value& v : grad_outputs) save(v);
     for (const auto& owned : g.nodes())
       for (size_t i = 0; i < owned->num_outputs(); ++i)

@@ -83,8 +83,8 @@ void OpStep::prepare_scalar_operand(const Node& n) {
   const TensorMeta& m = self.node->output_meta().at(self.index);
   // A float or double tensor keeps its dtype whatever the scalar (a wrapped number never
   // promotes it), so converting the scalar to that dtype is what ATen's promotion does. Not
-  // Half and BFloat16: LibTorch 2.x computes them in float and may read the scalar at float
-  // precision, not rounded to the tensor's dtype.
+  // Half and BFloat16: LibTorch 2.x's reduced-precision kernels handle a scalar differently
+  // from one overload to another (see enable_self_reuse), and same bits were not shown for them.
   if (!m.defined || (m.dtype != at::kFloat && m.dtype != at::kDouble) || !m.device.is_cpu()) return;
   auto tensor_op = c10::Dispatcher::singleton().findOp({name.name, "Tensor"});
   if (!tensor_op) return;

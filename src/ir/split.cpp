@@ -10,6 +10,16 @@
 
 namespace torchcompile::ir {
 
+std::vector<Value> input_values(const Node& n) {
+  std::vector<Value> vs;
+  for (const auto& a : n.args()) a.for_each_value([&](const Value& v) { vs.push_back(v); });
+  return vs;
+}
+
+std::string value_name(const Value& v) {
+  return v.index == 0 ? v.node->name() : v.node->name() + "_" + std::to_string(v.index);
+}
+
 Node* copy_node(Graph& dst, const Node& n, const std::function<Value(const Value&)>& map) {
   std::vector<Argument> args;
   args.reserve(n.args().size());
@@ -59,16 +69,6 @@ std::vector<std::vector<const Node*>> partition_by_support(const Graph& g,
 }
 
 namespace {
-
-std::vector<Value> input_values(const Node& n) {
-  std::vector<Value> vs;
-  for (const auto& a : n.args()) a.for_each_value([&](const Value& v) { vs.push_back(v); });
-  return vs;
-}
-
-std::string value_name(const Value& v) {
-  return v.index == 0 ? v.node->name() : v.node->name() + "_" + std::to_string(v.index);
-}
 
 std::string describe_group(const std::vector<const Node*>& group) {
   std::string s;

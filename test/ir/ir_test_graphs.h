@@ -3,10 +3,20 @@
 
 #include <torchcompile/ir/graph.h>
 
+#include <ATen/core/Tensor.h>
+
+#include <cstring>
 #include <memory>
 #include <vector>
 
 namespace tc_test {
+
+/// Bitwise equality, NaNs included (same dtype and shape).
+inline bool same_bits(const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() != b.scalar_type() || !a.sizes().equals(b.sizes())) return false;
+  auto ac = a.contiguous(), bc = b.contiguous();
+  return std::memcmp(ac.data_ptr(), bc.data_ptr(), ac.numel() * ac.element_size()) == 0;
+}
 
 /// Metadata of a contiguous CPU tensor.
 inline torchcompile::ir::TensorMeta meta(std::vector<int64_t> sizes, c10::ScalarType dtype = c10::ScalarType::Float) {

@@ -1,5 +1,6 @@
 // The interpreter runs hand-built graphs through the dispatcher.
 #include "support/test_util.h"
+#include "ir/ir_test_graphs.h"
 
 #include <torchcompile/ir/graph_module.h>
 #include <torchcompile/ir/interpreter.h>
@@ -246,16 +247,7 @@ TEST(OpStepReuse, ForwardModeGradientsStillPropagate) {
   torch::autograd::ForwardADLevel::release_idx(level);
 }
 
-namespace {
-
-// Bitwise equality, NaNs included (same dtype and shape).
-bool same_bits(const at::Tensor& a, const at::Tensor& b) {
-  if (a.scalar_type() != b.scalar_type() || !a.sizes().equals(b.sizes())) return false;
-  auto ac = a.contiguous(), bc = b.contiguous();
-  return std::memcmp(ac.data_ptr(), bc.data_ptr(), ac.numel() * ac.element_size()) == 0;
-}
-
-}  // namespace
+using tc_test::same_bits;
 
 // add/sub/mul/div with a constant scalar run as their `.Tensor` overloads with a prepared
 // operand: random chains over float and double (and Half, BFloat16 and integers, which keep

@@ -22,12 +22,8 @@ namespace {
 using namespace torchcompile::ir;
 using tc_test::error_of;
 using tc_test::meta;
+using tc_test::same_bits;
 using ::testing::HasSubstr;
-
-bool same_bits(const at::Tensor& a, const at::Tensor& b) {
-  return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&
-         std::memcmp(a.contiguous().data_ptr(), b.contiguous().data_ptr(), a.numel() * a.element_size()) == 0;
-}
 
 // A random graph over two (3, 4) inputs and a parameter: pointwise ops, in-place updates of
 // inputs and intermediates, random ops, several outputs.

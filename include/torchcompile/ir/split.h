@@ -12,6 +12,14 @@
 
 namespace torchcompile::ir {
 
+/// The values `n` reads, in argument order (list elements in place, a value read twice listed
+/// twice).
+std::vector<Value> input_values(const Node& n);
+
+/// A name for `v` as a placeholder of a graph extracted from its own: its node's name, with
+/// `_<index>` for outputs after the first.
+std::string value_name(const Value& v);
+
 /// Copy a call_function or call_module node into `dst` (at its insertion point), its argument
 /// values mapped through `map`; the copy keeps the node's name where `dst` has it free, its
 /// module path, output metadata and return counts.
