@@ -2,6 +2,7 @@
 
 #include "onednn_runtime.h"
 
+#include <torchcompile/backends/partition.h>
 #include <torchcompile/ir/interpreter.h>
 #include <torchcompile/ir/op_step.h>
 #include <torchcompile/ir/op_properties.h>
@@ -257,6 +258,14 @@ class Compiler {
   std::shared_ptr<Program> build();
   const std::vector<std::string>& fused() const { return fused_; }
   size_t num_groups() const { return groups_.size(); }
+  // The call_function nodes of the matched groups: members and helpers (weight transposes).
+  std::unordered_set<const Node*> group_nodes() const {
+    std::unordered_set<const Node*> nodes = claimed_;
+    for (const auto& g : groups_)
+      for (const Node* h : g->helpers)
+        if (h->kind() == NodeKind::CallFunction) nodes.insert(h);
+    return nodes;
+  }
   size_t blocked_values() const { return blocked_values_; }
   size_t winograd_convs() const { return winograd_convs_; }
 
@@ -1481,6 +1490,8 @@ std::shared_ptr<Program> Compiler::build() {
 
 }  // namespace
 
+const char* const kGradReason = "grad mode is enabled and an input or parameter requires grad";
+
 Compiled compile(GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
   Compiled result;
   auto decline_graph = [&](std::string reason) {
@@ -1490,12 +1501,7 @@ Compiled compile(GraphModule& gm, const std::vector<at::Tensor>& example_inputs)
     result.fused.clear();
     return result;
   };
-  if (at::GradMode::is_enabled()) {
-    bool needs_grad = false;
-    for (const auto& t : example_inputs) needs_grad |= t.defined() && t.requires_grad();
-    for (const auto& [name, a] : gm.attributes()) needs_grad |= a.first.defined() && a.first.requires_grad();
-    if (needs_grad) return decline_graph("grad mode is enabled and an input or parameter requires grad");
-  }
+  if (needs_autograd(gm, example_inputs)) return decline_graph(kGradReason);
   for (const auto& n : gm.graph().nodes())
     if (n->kind() == NodeKind::CallModule) return decline_graph("the graph has call_module nodes");
   try {
@@ -1516,6 +1522,18 @@ Compiled compile(GraphModule& gm, const std::vector<at::Tensor>& example_inputs)
   return result;
 }
 
+std::unordered_set<const Node*> claim(const GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
+  if (needs_autograd(gm, example_inputs)) {
+    decline(kGradReason);
+    return {};
+  }
+  for (const auto& n : gm.graph().nodes())
+    if (n->kind() == NodeKind::CallModule) return {};
+  Compiler c(const_cast<GraphModule&>(gm));  // matching reads the graph only
+  c.match();
+  return c.group_nodes();
+}
+
 }  // namespace onednn
 
 CompiledFn onednn_backend(GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
@@ -1528,6 +1546,9 @@ CompiledFn onednn_backend(GraphModule& gm, const std::vector<at::Tensor>& exampl
   return std::move(c.fn);
 }
 
-void register_onednn_backend() { register_backend("onednn", &onednn_backend); }
+void register_onednn_backend() {
+  register_backend("onednn", &onednn_backend);
+  register_claim("onednn", &onednn::claim);
+}
 
 }  // namespace torchcompile::backends

@@ -44,6 +44,7 @@
 #include <torchcompile/backends/registry.h>
 
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 namespace torchcompile::backends {
@@ -75,6 +76,10 @@ struct Compiled {
   bool declined = false;
   std::string reason;
 };
+
+/// The nodes `compile` would lower (anchors, what it fuses into them, weight transposes): the
+/// backend's claim in `default`'s partition. Empty when it would decline for grad mode.
+std::unordered_set<const ir::Node*> claim(const GraphModule& gm, const std::vector<at::Tensor>& example_inputs);
 
 /// Compile `gm` for oneDNN. The GraphModule must outlive the CompiledFn (attributes are read
 /// live from it).

@@ -3,10 +3,13 @@
 #pragma once
 
 #include <ATen/autocast_mode.h>
+#include <c10/core/Allocator.h>
 #include <c10/core/DispatchKey.h>
 #include <c10/core/ScalarType.h>
 #include <c10/core/Storage.h>
 #include <torch/version.h>
+
+#include <atomic>
 
 namespace torchcompile::compat {
 
@@ -52,5 +55,31 @@ inline void set_autocast_cpu_enabled(bool on) { at::autocast::set_cpu_enabled(on
 inline c10::ScalarType autocast_cpu_dtype() { return at::autocast::get_autocast_cpu_dtype(); }
 inline void set_autocast_cpu_dtype(c10::ScalarType t) { at::autocast::set_autocast_cpu_dtype(t); }
 #endif
+
+/// A CPU allocator that forwards to `base` and counts the allocations made through it (tests
+/// measure allocations with it: install with c10::SetCPUAllocator). c10::Allocator::allocate is
+/// const in 1.x and not in 2.x, which also requires copy_data.
+class CountingAllocator : public c10::Allocator {
+ public:
+  explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
+#if TORCH_VERSION_MAJOR >= 2
+  c10::DataPtr allocate(size_t n) override { return counted(n); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { base_->copy_data(dest, src, count); }
+#else
+  c10::DataPtr allocate(size_t n) const override { return counted(n); }
+#endif
+  c10::DeleterFnPtr raw_deleter() const override { return base_->raw_deleter(); }
+  c10::Allocator* base() const { return base_; }
+  int count() const { return count_.load(); }
+  void reset() { count_ = 0; }
+
+ private:
+  c10::DataPtr counted(size_t n) const {
+    ++count_;
+    return base_->allocate(n);
+  }
+  c10::Allocator* base_;
+  mutable std::atomic<int> count_{0};
+};
 
 }  // namespace torchcompile::compat

@@ -270,19 +270,34 @@ Backend aot_autograd(Backend fw_compiler, Backend bw_compiler, DecompositionTabl
       const auto& v = *out_node->args().at(0).list().at(i);
       rt->fw_output_meta.push_back(v.node->output_meta().at(v.index));
     }
-    // Forward example inputs: the real primals of the traced call.
+    // Forward example inputs: the real primals of the traced call, detached as the forward runs
+    // them (CompiledGraph::forward): its kernels need record no autograd graph.
     std::vector<at::Tensor> fw_examples;
-    for (const auto& p : rt->primals) fw_examples.push_back(p.input < 0 ? p.tensor : example_inputs.at(p.input));
+    for (const auto& p : rt->primals) {
+      const at::Tensor& t = p.input < 0 ? p.tensor : example_inputs.at(p.input);
+      fw_examples.push_back(t.defined() ? t.detach() : t);
+    }
+    // A graph its compiler declines runs with the interpreter (still without autograd inside).
+    auto or_interpreter = [](CompiledFn fn, const ir::GraphModule& g, const char* which) {
+      std::string why = detail::take_decline_reason();
+      if (fn) return fn;
+      report_partition(std::string("aot: ") + which + " graph run by the interpreter (its compiler declined" +
+                       (why.empty() ? "" : ": " + why) + ")");
+      return CompiledFn(ir::interpreter_fn(g));
+    };
     rt->forward_gm = std::move(part.forward);
     step.emplace("aot: forward compiler");
-    rt->forward = fw_compiler(*rt->forward_gm, fw_examples);
-    if (!rt->forward) return decline("aot_autograd: the forward compiler declined the forward graph");
+    detail::take_decline_reason();
+    rt->forward = or_interpreter(fw_compiler(*rt->forward_gm, fw_examples), *rt->forward_gm, "forward");
     if (rt->training) {
-      // Backward example inputs carry the traced metadata (Python passes fake tensors here).
+      // Backward example inputs carry the traced metadata (Python passes fake tensors here); the
+      // backward runs with grad mode off (no double backward).
       rt->backward_gm = std::move(part.backward);
       step.emplace("aot: backward compiler");
-      rt->backward = bw_compiler(*rt->backward_gm, aot::zeros_like_meta(*rt->backward_gm));
-      if (!rt->backward) return decline("aot_autograd: the backward compiler declined the backward graph");
+      at::NoGradGuard no_grad;
+      detail::take_decline_reason();
+      rt->backward = or_interpreter(bw_compiler(*rt->backward_gm, aot::zeros_like_meta(*rt->backward_gm)),
+                                    *rt->backward_gm, "backward");
     }
     return [rt](std::vector<at::Tensor> inputs) { return aot::Runtime::call(rt, std::move(inputs)); };
   };

@@ -4,6 +4,7 @@
 // backends/<name>/ defines torchcompile::backends::register_<name>_backend().
 #include "backends/builtin.h"
 
+#include <torchcompile/backends/partition.h>
 #include <torchcompile/backends/registry.h>
 
 #include <string>
@@ -18,20 +19,21 @@ namespace torchcompile::backends {
 namespace torchcompile::detail {
 
 namespace {
-// `default`: a chain of the built-ins in this order, those this build has. Each graph goes to
-// the first that compiles it (oneDNN for graphs with GEMMs or convolutions, which runs their
-// other operators with ATen); a graph every backend declines runs with the interpreter.
-const char* const kDefaultChain[] = {"onednn", "eager"};
+// `default`: the graph partitioned among these built-ins (those this build has), the first
+// claiming a node getting it: oneDNN for GEMMs and convolutions with the operators it fuses into
+// them, `fused` for runs of pointwise operators; the rest runs with the interpreter, as does a
+// graph no backend claims.
+const char* const kDefaultParts[] = {"onednn", "fused"};
 }  // namespace
 
 void register_builtin_backends() {
 #define TORCHCOMPILE_BUILTIN_BACKEND(name) backends::register_##name##_backend();
 #include "builtin_backends.inc"
 #undef TORCHCOMPILE_BUILTIN_BACKEND
-  std::vector<std::string> chain;
-  for (const char* name : kDefaultChain)
-    if (has_backend(name)) chain.push_back(name);
-  register_backend("default", fallback_chain(std::move(chain)));
+  std::vector<PartitionBackend> parts;
+  for (const char* name : kDefaultParts)
+    if (has_backend(name) && has_claim(name)) parts.push_back(partition_backend(name));
+  register_backend("default", parts.empty() ? lookup_backend("eager") : partitioned_backend(std::move(parts)));
 }
 
 }  // namespace torchcompile::detail

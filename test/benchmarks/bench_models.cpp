@@ -24,7 +24,7 @@
 // Modes (one benchmark each, named <row>/<mode>, e.g. M3/torchscript):
 //   eager          plain LibTorch
 //   eager-backend  torch::compile(m, "eager"): the captured graph replayed by the interpreter
-//   torchscript, onednn, default
+//   torchscript, onednn, fused, default
 //                  torch::compile(m, "<name>")
 //   aot_eager      training rows only: AOT autograd, forward and backward graphs interpreted
 // A mode whose backend is not registered (torchcompile::has_backend) is skipped and shown as
@@ -282,7 +282,8 @@ struct Mode {
 const std::vector<Mode>& modes() {
   static const std::vector<Mode> ms = {
       {"eager", "", false},           {"eager-backend", "eager", false}, {"torchscript", "torchscript", false},
-      {"onednn", "onednn", false},    {"default", "default", false},     {"aot_eager", "aot_eager", true},
+      {"onednn", "onednn", false},    {"fused", "fused", false},         {"default", "default", false},
+      {"aot_eager", "aot_eager", true},
   };
   return ms;
 }
@@ -439,6 +440,20 @@ void run_benchmark(benchmark::State& state, size_t row, size_t mode) {
   state.counters["median_ms"] = median(times) * 1e3;
 }
 
+// M2's floor: one pass that reads 16 MiB and writes 16 MiB (`copy_` of M2's input into a
+// preallocated tensor), the least any M2 mode could take.
+void run_m2_floor(benchmark::State& state) {
+  torch::Tensor x = torch::randn({4096, 1024}), out = torch::empty_like(x);
+  std::vector<double> times;
+  for (auto _ : state) {
+    const double t = time_call_s([&] { return out.copy_(x); });
+    state.SetIterationTime(t);
+    times.push_back(t);
+  }
+  state.counters["median_ms"] = median(times) * 1e3;
+}
+const char* const kM2Floor = "M2-floor/copy";
+
 /// Collects the median_ms counter of every repetition while printing as the console reporter.
 /// With --benchmark_display_aggregates_only the repetitions are not shown to it: then it keeps
 /// the "median" aggregate (the median over repetitions of median_ms) instead.
@@ -482,6 +497,7 @@ struct Cell {
 };
 
 struct Results {
+  double m2_floor_ms = NAN;  // M2's floor (run_m2_floor), if run
   std::map<std::pair<size_t, size_t>, Cell> cells;
   std::vector<std::string> notes;
   int first_call_reps = 0;
@@ -706,6 +722,19 @@ std::string report(Results& res) {
     os << "\n";
     for (size_t i = 0; i < res.notes.size(); ++i) os << "[" << i + 1 << "] " << res.notes[i] << "\n";
   }
+  // M2 against its floor, M8 in microseconds, for the fused backend and `default`.
+  {
+    const size_t m2 = row_index("M2"), m8 = row_index("M8");
+    os << "\nM2 floor (one pass reading 16 MiB and writing 16 MiB, `copy_`): " << ms(res.m2_floor_ms) << " ms";
+    for (const char* mode : {"fused", "default"}) {
+      const double v = cell_ms(res, m2, mode_index(mode));
+      if (!std::isnan(v) && !std::isnan(res.m2_floor_ms))
+        os << "; M2 `" << mode << "` " << ms(v) << " ms = " << speed(v / res.m2_floor_ms) << " the floor";
+    }
+    os << ".\nM8 per call: eager " << ms(eager_ms(res, m8) * 1e3) << " µs";
+    for (const char* mode : {"fused", "default"}) os << ", `" << mode << "` " << ms(cell_ms(res, m8, mode_index(mode)) * 1e3) << " µs";
+    os << ".\n";
+  }
   if (res.first_call_reps > 0) {
     os << "\n## First call, ms (trace + backend compile + one run; median of " << res.first_call_reps
        << " fresh compiles in a warm process)\n\n";
@@ -801,6 +830,7 @@ int main(int argc, char** argv) {
       benchmark::RegisterBenchmark(name.c_str(), run_benchmark, r, m)->UseManualTime()->Unit(benchmark::kMillisecond);
     }
   }
+  benchmark::RegisterBenchmark(kM2Floor, run_m2_floor)->UseManualTime()->Unit(benchmark::kMillisecond);
   Collector collector;
   benchmark::RunSpecifiedBenchmarks(&collector);
   benchmark::Shutdown();
@@ -813,6 +843,8 @@ int main(int argc, char** argv) {
       c.median_ms = collector.median_of(rows()[r].id + "/" + modes()[m].name, &c.repetitions);
     }
   }
+  size_t floor_reps = 0;
+  res.m2_floor_ms = collector.median_of(kM2Floor, &floor_reps);
   if (res.first_call_reps > 0) {
     std::printf("\nFirst calls (%d fresh compiles each)\n", res.first_call_reps);
     measure_first_calls(res);

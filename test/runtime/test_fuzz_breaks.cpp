@@ -384,7 +384,7 @@ TEST_P(Fuzz, RandomForwardsWithGraphBreaksMatchEager) {
   EXPECT_LT(invalid, programs / 10 + 1) << "too many generated programs are not valid LibTorch";
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, Fuzz, ::testing::Values("eager", "aot_eager", "default"),
+INSTANTIATE_TEST_SUITE_P(Backends, Fuzz, ::testing::Values("eager", "aot_eager", "fused", "default"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace

@@ -4,8 +4,9 @@
 //
 // Tolerances: bitwise where no reduction is reordered (pointwise ops, dropout, views); otherwise
 // rtol 1e-5 / atol 1e-6 for backends that run ATen's kernels, and rtol 1e-4 / atol 1e-5 for the
-// onednn backend (and `default`, which is onednn), whose GEMM and convolution kernels sum in a
-// different order than LibTorch's OpenBLAS and oneDNN calls.
+// onednn backend, whose GEMM and convolution kernels sum in a different order than LibTorch's
+// OpenBLAS and oneDNN calls, for the fused backend, whose math functions are its own (a few ULP
+// from ATen's), and for `default`, which is both.
 #include "support/test_util.h"
 
 #include <optional>
@@ -36,9 +37,10 @@ class Parity : public ::testing::TestWithParam<ParityCase> {
   void TearDown() override { no_grad_.reset(); }
 
   const std::string& backend() const { return GetParam().backend; }
-  bool onednn() const { return backend() == "onednn" || backend() == "default"; }
-  double rtol() const { return onednn() ? 1e-4 : -1; }
-  double atol() const { return onednn() ? 1e-5 : -1; }
+  bool own_kernels() const { return backend() == "onednn" || backend() == "fused" || backend() == "aot_fused" ||
+                                   backend() == "default"; }
+  double rtol() const { return own_kernels() ? 1e-4 : -1; }
+  double atol() const { return own_kernels() ? 1e-5 : -1; }
 
   // Compile `module`, and check three calls (the traced one and two replays) against an
   // eager clone run on the same inputs, including every parameter and buffer afterwards.
@@ -251,7 +253,7 @@ TEST_P(Parity, GradientsFlowThroughReplay) {
 std::vector<ParityCase> all_cases() {
   std::vector<ParityCase> cases;
   // torchscript and onednn are build options (onednn also needs libdnnl-dev).
-  for (const char* b : {"eager", "debug", "aot_eager", "torchscript", "onednn", "default"})
+  for (const char* b : {"eager", "debug", "aot_eager", "torchscript", "onednn", "fused", "aot_fused", "default"})
     if (torchcompile::has_backend(b))
       for (bool grad : {true, false}) cases.push_back({b, grad});
   return cases;

@@ -633,30 +633,41 @@ TEST(OneDnnDeclines, ExplainDefaultListsThePartitionOfEachGraph) {
   m3->eval();
   auto e = torchcompile::explain("default", m3, torch::randn({2, 3, 16, 16}));
   ASSERT_EQ(e.compiled.size(), 1u);
-  EXPECT_EQ(e.compiled[0].backend, "onednn");
-  EXPECT_THAT(e.compiled[0].partition, ::testing::Contains("onednn: conv+bias+bn+relu"));
-  EXPECT_THAT(e.compiled[0].partition, ::testing::Contains(::testing::HasSubstr("aten:")));
+  // Split: the convolutions with their BatchNorms and ReLUs and the pooling (one oneDNN part, the
+  // values between the convolutions kept blocked), flatten (the interpreter), the linear layer.
+  EXPECT_EQ(e.compiled[0].backend, "default");
+  EXPECT_EQ(e.compiled[0].partition,
+            (std::vector<std::string>{"onednn: conv+bias+bn+relu", "onednn: conv+bias+bn+relu", "onednn: avgpool",
+                                      "onednn: 2 value(s) kept in blocked layout", "onednn: linear+bias",
+                                      "interpreter: 1 operator(s) in all"}));
   std::ostringstream printed;
   printed << e;
-  EXPECT_THAT(printed.str(), ::testing::HasSubstr("Graph 1: compiled by onednn"));
+  EXPECT_THAT(printed.str(), ::testing::HasSubstr("Graph 1: compiled by default"));
   EXPECT_THAT(printed.str(), ::testing::HasSubstr("part: onednn: conv+bias+bn+relu"));
 
-  // A mixed graph: a GEMM with its post-op, then pointwise work oneDNN leaves to ATen.
+  // A mixed graph: a GEMM with its post-op (oneDNN), then pointwise work (fused).
   torch::nn::Linear lin(8, 8);
   auto mixed = [l = lin.ptr()](torch::Tensor x) { return torch::sin(torch::relu(l->forward(x))) * 3; };
   auto e2 = torchcompile::explain("default", mixed, torch::randn({4, 8}));
   ASSERT_EQ(e2.compiled.size(), 1u);
-  EXPECT_EQ(e2.compiled[0].backend, "onednn");
+  EXPECT_EQ(e2.compiled[0].backend, "default");
   EXPECT_THAT(e2.compiled[0].partition, ::testing::Contains("onednn: linear+bias+relu"));
+  EXPECT_THAT(e2.compiled[0].partition, ::testing::Contains(::testing::HasSubstr("fused: sin+mul")));
 
-  // Training: oneDNN declines (grad mode) and `default` runs the graph with the interpreter.
+  // A graph oneDNN takes whole: named as the backend that compiled it.
+  torch::nn::Sequential seq(torch::nn::Linear(8, 16), torch::nn::ReLU());
+  auto e4 = torchcompile::explain("default", seq, torch::randn({4, 8}));
+  EXPECT_EQ(e4.compiled[0].backend, "onednn");
+
+  // Training: neither claims anything (grad mode) and `default` runs the graph with the
+  // interpreter, saying why.
   torch::AutoGradMode grad(true);
   m3->train();
   auto e3 = torchcompile::explain("default", m3, torch::randn({2, 3, 16, 16}));
   ASSERT_EQ(e3.compiled.size(), 1u);
-  EXPECT_EQ(e3.compiled[0].backend, "eager");
+  EXPECT_EQ(e3.compiled[0].backend, "interpreter");
   ASSERT_FALSE(e3.compiled[0].attempts.empty());
-  EXPECT_THAT(e3.compiled[0].attempts[0].reason, ::testing::HasSubstr("grad"));
+  EXPECT_THAT(e3.compiled[0].attempts[0].reason, ::testing::HasSubstr("onednn: grad mode is enabled"));
 }
 
 TEST(OneDnnDeclines, PassesLogShowsEachStepWithItsTime) {

@@ -1,0 +1,59 @@
+#include "fused_backend.h"
+
+#include "fused_program.h"
+#include "row_program.h"
+
+#include <torchcompile/aot.h>
+#include <torchcompile/backends/partition.h>
+
+namespace torchcompile::backends {
+
+namespace {
+
+const char* const kGradReason = "grad mode is enabled and an input or parameter requires grad";
+
+// One part as one program: a run of pointwise operators (fused::FusedProgram) or one row
+// operation (fused::RowProgram).
+template <class Program>
+CompiledFn compile_program(GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
+  if (needs_autograd(gm, example_inputs)) return decline(kGradReason);
+  std::string why;
+  auto program = Program::build(gm, &why);
+  if (!program) return decline(why);
+  report_partition(program->describe());
+  return [program](std::vector<at::Tensor> inputs) { return program->run(inputs); };
+}
+
+// Claims: the nodes of each kind of program, unless they would have to record autograd.
+Claim claim_of(bool (*supported)(const ir::Node&)) {
+  return [supported](const GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
+    if (needs_autograd(gm, example_inputs)) {
+      decline(kGradReason);
+      return std::unordered_set<const ir::Node*>{};
+    }
+    return claim_if(supported)(gm, example_inputs);
+  };
+}
+
+bool pointwise_or_row(const ir::Node& n) { return fused::fusible(n) || fused::row_fusible(n); }
+
+}  // namespace
+
+bool fused_supports(const ir::Node& n) { return pointwise_or_row(n); }
+
+CompiledFn fused_backend(GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
+  // Pointwise runs become tile programs, each row operation a row program.
+  static const Backend backend = partitioned_backend(
+      {{"fused", claim_of(&fused::fusible), &compile_program<fused::FusedProgram>},
+       {"fused", claim_of(&fused::row_fusible), &compile_program<fused::RowProgram>}});
+  if (needs_autograd(gm, example_inputs)) return decline(kGradReason);
+  return backend(gm, example_inputs);
+}
+
+void register_fused_backend() {
+  register_backend("fused", &fused_backend);
+  register_claim("fused", claim_of(&pointwise_or_row));
+  register_backend("aot_fused", aot_autograd(&fused_backend));
+}
+
+}  // namespace torchcompile::backends

@@ -1,0 +1,102 @@
+// A fused group of pointwise operators as a tile program: built in microseconds from a graph,
+// run by vector kernels compiled into the library for each ISA (no compiler at run time).
+#pragma once
+
+#include "tile_ops.h"
+
+#include <torchcompile/ir/graph_module.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace torchcompile::fused {
+
+/// The instruction sets the kernels are compiled for.
+enum class Isa { Avx512, Avx2, Sse2 };
+const char* to_string(Isa isa);
+
+/// The best ISA this CPU runs (cpuid), unless TORCHCOMPILE_ISA (`avx512`, `avx2`, `scalar` or
+/// `sse2`) asks for another; asking for one the CPU lacks, or an unknown name, is an error.
+/// Read at each call (programs keep the ISA they were built with).
+Isa selected_isa();
+
+/// The kernels compiled for `isa`.
+const IsaKernels& kernels_of(Isa isa);
+
+/// Metadata checks shared by the programs: a defined float32 CPU tensor; row-major contiguous
+/// (dimensions of size 1 may have any stride).
+bool is_float_cpu(const ir::TensorMeta& m);
+bool is_contiguous(const ir::TensorMeta& m);
+
+/// Where a program reads a tensor from: a placeholder of its graph (by index) or an attribute of
+/// its graph module (read at each call).
+struct TensorSource {
+  int64_t input = -1;
+  const at::Tensor* attr = nullptr;
+  std::vector<int64_t> sizes;  // as traced
+  bool present = false;
+
+  /// The source of a placeholder (the `*num_placeholders`-th, which it counts) or get_attr node.
+  static TensorSource of(const ir::GraphModule& gm, const ir::Node& n, int64_t* num_placeholders);
+  /// The tensor for this call; checks it is a float32 CPU tensor of the traced sizes.
+  const at::Tensor& resolve(const std::vector<at::Tensor>& inputs, const char* what) const;
+};
+
+/// Whether the backend can compute `n` inside a fused group: a call_function of a pointwise
+/// operator it has a kernel for (with these constant arguments), on defined float32 CPU tensors,
+/// with one float32 result.
+bool fusible(const ir::Node& n);
+
+/// A graph whose call_function nodes are all fusible, compiled to one tile program.
+///
+/// All operator results are computed over one iteration shape, the broadcast of their sizes;
+/// every output of the graph must have that shape and be contiguous (as eager makes it for
+/// contiguous inputs). Inputs of any strides and of any shape that broadcasts to it are read in
+/// place when they are contiguous with that shape, and gathered tile by tile otherwise. Inside
+/// the program no tensor is allocated: each input is read once per element, each output written
+/// once, intermediates live in tile registers in L1.
+class FusedProgram {
+ public:
+  /// The program for `gm`, or nullptr with the reason in `*why`. `gm` must outlive the program
+  /// (its attributes are read at each call).
+  static std::shared_ptr<const FusedProgram> build(const ir::GraphModule& gm, std::string* why);
+
+  /// Run on the graph's inputs (placeholders, in order). Checks each input's dtype and sizes
+  /// against the graph's.
+  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) const;
+
+  /// "fused: tanh+mul+add+gelu+sigmoid+mul+sub (7 instructions, 3 scratch registers, tile 2048, avx512)"
+  std::string describe() const;
+
+  Isa isa() const { return isa_; }
+  size_t num_instructions() const { return code_.size(); }
+
+ private:
+  FusedProgram() = default;
+
+  struct Operand {
+    TensorSource source;
+    uint32_t vreg = 0;  // while building
+    uint16_t reg = 0;
+  };
+  struct Output {
+    int64_t reg = -1;      // computed into this register
+    int64_t operand = -1;  // or one of the operands returned as it is
+  };
+
+  std::vector<TileInstr> code_;
+  std::vector<Operand> operands_;
+  std::vector<Output> outputs_;
+  std::vector<uint16_t> output_regs_;  // the registers bound to output memory, one per output tensor
+  std::vector<int64_t> shape_;         // the iteration shape
+  int64_t numel_ = 1;
+  size_t num_regs_ = 0;
+  size_t num_scratch_ = 0;  // scratch registers (after operands and outputs)
+  int64_t tile_ = 0;
+  Isa isa_ = Isa::Sse2;
+  decltype(IsaKernels::run_tile) run_tile_ = nullptr;
+  std::vector<std::string> op_names_;
+};
+
+}  // namespace torchcompile::fused

@@ -1,0 +1,246 @@
+// The kernels, compiled once per ISA: kernels_avx512.cpp, kernels_avx2.cpp and kernels_sse2.cpp
+// each define TC_VEC_BYTES and TC_ISA_KERNELS (the name of the function returning the ISA's
+// table) and include this file with their ISA's compiler flags. Everything but that function has
+// internal linkage (vecmath.h's unnamed namespace and the one below), so the three copies are
+// never merged by the linker.
+//
+// One instruction runs as one vector loop over the tile (two vectors per iteration, so that the
+// polynomial chains of two vectors overlap); the tail of a tile shorter than a vector is computed
+// in a zero-padded vector and only its `n` elements are stored.
+#pragma once
+
+#ifndef TC_VEC_BYTES
+#error "define TC_VEC_BYTES (64, 32 or 16) before including kernels_impl.h"
+#endif
+
+#include "tile_ops.h"
+#include "vecmath.h"
+
+#include <immintrin.h>
+
+#include <cmath>
+
+namespace torchcompile::fused {
+namespace {
+
+// (GCC 12 warns that _mm512_sqrt_ps's internal _mm512_undefined_ps() may be uninitialized.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+inline vf v_sqrt(vf x) {
+#if TC_VEC_BYTES == 64
+  return (vf)_mm512_sqrt_ps((__m512)x);
+#elif TC_VEC_BYTES == 32
+  return (vf)_mm256_sqrt_ps((__m256)x);
+#else
+  return (vf)_mm_sqrt_ps((__m128)x);
+#endif
+}
+#pragma GCC diagnostic pop
+
+inline vf v_is_nan_select(vf r, vf a) { return a != a ? a : r; }
+
+// maximum / minimum as ATen's: a NaN operand gives NaN.
+inline vf v_max(vf a, vf b) { return v_is_nan_select(v_is_nan_select(a > b ? a : b, a), b); }
+inline vf v_min(vf a, vf b) { return v_is_nan_select(v_is_nan_select(a < b ? a : b, a), b); }
+
+// Partial vectors: the first `n` (< kLanes) floats, the rest zero.
+inline vf load_partial(const float* p, int64_t n) {
+  vf v = splat(0.f);
+  __builtin_memcpy(&v, p, static_cast<size_t>(n) * sizeof(float));
+  return v;
+}
+inline void store_partial(float* p, vf v, int64_t n) { __builtin_memcpy(p, &v, static_cast<size_t>(n) * sizeof(float)); }
+
+template <class F>
+inline void map1(float* d, const float* a, int64_t n, F f) {  // d may be a (in place)
+  int64_t i = 0;
+  for (; i + 2 * kLanes <= n; i += 2 * kLanes) {
+    vf x0 = loadu(a + i), x1 = loadu(a + i + kLanes);
+    storeu(d + i, f(x0));
+    storeu(d + i + kLanes, f(x1));
+  }
+  for (; i + kLanes <= n; i += kLanes) storeu(d + i, f(loadu(a + i)));
+  if (i < n) store_partial(d + i, f(load_partial(a + i, n - i)), n - i);
+}
+
+template <class F>
+inline void map2(float* d, const float* a, const float* b, int64_t n, F f) {
+  int64_t i = 0;
+  for (; i + 2 * kLanes <= n; i += 2 * kLanes) {
+    vf x0 = loadu(a + i), x1 = loadu(a + i + kLanes);
+    vf y0 = loadu(b + i), y1 = loadu(b + i + kLanes);
+    storeu(d + i, f(x0, y0));
+    storeu(d + i + kLanes, f(x1, y1));
+  }
+  for (; i + kLanes <= n; i += kLanes) storeu(d + i, f(loadu(a + i), loadu(b + i)));
+  if (i < n) store_partial(d + i, f(load_partial(a + i, n - i), load_partial(b + i, n - i)), n - i);
+}
+
+// gelu'(x) for the erf form, as ATen's gelu_backward: cdf(x) + x * pdf(x).
+inline vf v_gelu_erf_grad(vf x) {
+  const vf cdf = splat(0.5f) * (splat(1.f) + v_erf(x * splat(0.70710678118654752f)));
+  const vf pdf = v_exp(splat(-0.5f) * x * x) * splat(0.39894228040143268f);
+  return cdf + x * pdf;
+}
+
+void run_tile(const TileInstr* code, size_t count, float* const* regs, int64_t n) {
+  for (size_t k = 0; k < count; ++k) {
+    const TileInstr& in = code[k];
+    float* d = regs[in.dst];
+    const float* a = regs[in.a];
+    const float* b = regs[in.b];
+    const vf p0 = splat(in.p0), p1 = splat(in.p1);
+    const vf zero = splat(0.f), one = splat(1.f);
+    switch (in.op) {
+      case TileOp::Neg: map1(d, a, n, [](vf x) { return -x; }); break;
+      case TileOp::Abs: map1(d, a, n, [](vf x) { return (vf)((vi)x & 0x7fffffff); }); break;
+      // NaN stays NaN (NaN < 0 is false), as ATen's clamp_min(0).
+      case TileOp::Relu: map1(d, a, n, [=](vf x) { return x < zero ? zero : x; }); break;
+      case TileOp::Sigmoid: map1(d, a, n, [](vf x) { return v_sigmoid(x); }); break;
+      case TileOp::Tanh: map1(d, a, n, [](vf x) { return v_tanh(x); }); break;
+      case TileOp::Exp: map1(d, a, n, [](vf x) { return v_exp(x); }); break;
+      case TileOp::Expm1: map1(d, a, n, [](vf x) { return v_expm1(x); }); break;
+      case TileOp::Log: map1(d, a, n, [](vf x) { return v_log(x); }); break;
+      case TileOp::Log1p: map1(d, a, n, [](vf x) { return v_log1p(x); }); break;
+      case TileOp::Sqrt: map1(d, a, n, [](vf x) { return v_sqrt(x); }); break;
+      case TileOp::Rsqrt: map1(d, a, n, [=](vf x) { return one / v_sqrt(x); }); break;
+      case TileOp::Reciprocal: map1(d, a, n, [=](vf x) { return one / x; }); break;
+      case TileOp::Sin: map1(d, a, n, [](vf x) { return v_sin(x); }); break;
+      case TileOp::Cos: map1(d, a, n, [](vf x) { return v_cos(x); }); break;
+      case TileOp::Erf: map1(d, a, n, [](vf x) { return v_erf(x); }); break;
+      case TileOp::GeluErf: map1(d, a, n, [](vf x) { return v_gelu_erf(x); }); break;
+      case TileOp::GeluTanh: map1(d, a, n, [](vf x) { return v_gelu_tanh(x); }); break;
+      case TileOp::Silu: map1(d, a, n, [](vf x) { return v_silu(x); }); break;
+      case TileOp::Square: map1(d, a, n, [](vf x) { return x * x; }); break;
+      case TileOp::Cube: map1(d, a, n, [](vf x) { return x * x * x; }); break;
+      // ATen: min(max(x + 3, 0), 6) / 6, and x * that for hardswish.
+      case TileOp::Hardsigmoid:
+        map1(d, a, n, [=](vf x) { return v_min(v_max(x + splat(3.f), zero), splat(6.f)) / splat(6.f); });
+        break;
+      case TileOp::Hardswish:
+        map1(d, a, n, [=](vf x) { return x * v_min(v_max(x + splat(3.f), zero), splat(6.f)) / splat(6.f); });
+        break;
+      case TileOp::Copy: map1(d, a, n, [](vf x) { return x; }); break;
+      case TileOp::LeakyRelu: map1(d, a, n, [=](vf x) { return x > zero ? x : x * p0; }); break;
+      case TileOp::Clamp:
+        map1(d, a, n, [=](vf x) {
+          vf r = x < p0 ? p0 : x;  // NaN compares false: kept
+          return r > p1 ? p1 : r;
+        });
+        break;
+      case TileOp::AddS: map1(d, a, n, [=](vf x) { return x + p0; }); break;
+      case TileOp::MulS: map1(d, a, n, [=](vf x) { return x * p0; }); break;
+      case TileOp::RSubS: map1(d, a, n, [=](vf x) { return p0 - x; }); break;
+      case TileOp::DivS: map1(d, a, n, [=](vf x) { return x / p0; }); break;
+      case TileOp::RDivS: map1(d, a, n, [=](vf x) { return p0 / x; }); break;
+      case TileOp::Add: map2(d, a, b, n, [](vf x, vf y) { return x + y; }); break;
+      case TileOp::AddMul: map2(d, a, b, n, [=](vf x, vf y) { return x + p0 * y; }); break;
+      case TileOp::Sub: map2(d, a, b, n, [](vf x, vf y) { return x - y; }); break;
+      case TileOp::Mul: map2(d, a, b, n, [](vf x, vf y) { return x * y; }); break;
+      case TileOp::Div: map2(d, a, b, n, [](vf x, vf y) { return x / y; }); break;
+      case TileOp::Max: map2(d, a, b, n, [](vf x, vf y) { return v_max(x, y); }); break;
+      case TileOp::Min: map2(d, a, b, n, [](vf x, vf y) { return v_min(x, y); }); break;
+      case TileOp::ThresholdBackward: map2(d, a, b, n, [=](vf g, vf x) { return x <= p0 ? zero : g; }); break;
+      case TileOp::SigmoidBackward: map2(d, a, b, n, [=](vf g, vf y) { return g * (one - y) * y; }); break;
+      case TileOp::TanhBackward: map2(d, a, b, n, [=](vf g, vf y) { return g * (one - y * y); }); break;
+      case TileOp::GeluErfBackward: map2(d, a, b, n, [](vf g, vf x) { return g * v_gelu_erf_grad(x); }); break;
+    }
+  }
+}
+
+// ---- row kernels: a reduction along a row, then a pointwise pass that uses it ---------------------
+
+inline float hsum(vf v) {
+  float s = 0;
+  for (int i = 0; i < kLanes; ++i) s += v[i];
+  return s;
+}
+inline float hmax(vf v) {
+  float m = v[0];
+  for (int i = 1; i < kLanes; ++i) m = v[i] > m || v[i] != v[i] ? v[i] : m;
+  return m;
+}
+
+// Sum of f(x) over a row, with four vector accumulators (a tail lane contributes f of nothing:
+// masked out).
+template <class F>
+inline float row_sum(const float* x, int64_t n, F f) {
+  vf s0 = splat(0.f), s1 = s0, s2 = s0, s3 = s0;
+  int64_t i = 0;
+  for (; i + 4 * kLanes <= n; i += 4 * kLanes) {
+    s0 += f(loadu(x + i));
+    s1 += f(loadu(x + i + kLanes));
+    s2 += f(loadu(x + i + 2 * kLanes));
+    s3 += f(loadu(x + i + 3 * kLanes));
+  }
+  for (; i + kLanes <= n; i += kLanes) s0 += f(loadu(x + i));
+  float s = hsum((s0 + s1) + (s2 + s3));
+  for (; i < n; ++i) {
+    vf one = f(splat(x[i]));
+    s += one[0];
+  }
+  return s;
+}
+
+// Softmax over rows: the row's maximum (NaN if any element is NaN), then exp(x - max) into `out`
+// with its sum, then a scaling pass (log-softmax: x - max - log(sum)).
+void softmax_rows(const float* in, float* out, int64_t rows, int64_t cols, bool log) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = in + r * cols;
+    float* y = out + r * cols;
+    vf m = splat(-__builtin_inff());
+    int64_t i = 0;
+    for (; i + kLanes <= cols; i += kLanes) {
+      vf v = loadu(x + i);
+      m = v > m || v != v ? v : m;
+    }
+    float mx = hmax(m);
+    for (; i < cols; ++i) mx = x[i] > mx || x[i] != x[i] ? x[i] : mx;
+    // A row of -inf (or with +inf) gives NaN, as ATen: exp(-inf - -inf).
+    const vf vmx = splat(mx);
+    if (log) {
+      const float sum = row_sum(x, cols, [&](vf v) { return v_exp(v - vmx); });
+      const vf shift = splat(mx + std::log(sum));
+      map1(y, x, cols, [&](vf v) { return v - shift; });
+    } else {
+      map1(y, x, cols, [&](vf v) { return v_exp(v - vmx); });
+      const float sum = row_sum(y, cols, [](vf v) { return v; });
+      const vf inv = splat(1.f / sum);
+      map1(y, y, cols, [&](vf v) { return v * inv; });
+    }
+  }
+}
+
+void layer_norm_rows(const float* in, float* out, const float* weight, const float* bias, int64_t rows,
+                     int64_t cols, float eps) {
+  const float inv_n = 1.f / static_cast<float>(cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = in + r * cols;
+    float* y = out + r * cols;
+    const float mean = row_sum(x, cols, [](vf v) { return v; }) * inv_n;
+    const vf vmean = splat(mean);
+    const float var = row_sum(x, cols, [&](vf v) {
+                        vf d = v - vmean;
+                        return d * d;
+                      }) * inv_n;
+    const vf rstd = splat(1.f / std::sqrt(var + eps));
+    if (weight && bias) {
+      map2(y, x, weight, cols, [&](vf v, vf w) { return (v - vmean) * rstd * w; });
+      map2(y, y, bias, cols, [](vf v, vf b) { return v + b; });
+    } else if (weight) {
+      map2(y, x, weight, cols, [&](vf v, vf w) { return (v - vmean) * rstd * w; });
+    } else {
+      map1(y, x, cols, [&](vf v) { return (v - vmean) * rstd; });
+      if (bias) map2(y, y, bias, cols, [](vf v, vf b) { return v + b; });
+    }
+  }
+}
+
+}  // namespace
+
+const IsaKernels& TC_ISA_KERNELS() {
+  static const IsaKernels k{&run_tile, &softmax_rows, &layer_norm_rows};
+  return k;
+}
+
+}  // namespace torchcompile::fused

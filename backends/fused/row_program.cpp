@@ -1,0 +1,165 @@
+#include "row_program.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+
+#include <optional>
+
+namespace torchcompile::fused {
+
+using ir::Node;
+using ir::NodeKind;
+using ir::TensorMeta;
+using ir::Value;
+
+namespace {
+
+const TensorMeta& meta_of(const Value& v) { return v.node->output_meta().at(v.index); }
+
+// The tensor argument i of n, if it is one with contiguous float32 metadata.
+std::optional<Value> float_arg(const Node& n, size_t i) {
+  const auto& a = n.args().at(i);
+  if (!a.is_value() || !is_float_cpu(meta_of(a.value())) || !is_contiguous(meta_of(a.value()))) return std::nullopt;
+  return a.value();
+}
+
+bool is_none(const Node& n, size_t i) { return n.args().at(i).is_constant() && n.args().at(i).constant().isNone(); }
+
+// softmax / log_softmax over the last dimension, no dtype conversion.
+bool softmax_ok(const Node& n) {
+  auto x = float_arg(n, 0);
+  if (!x) return false;
+  const auto& a1 = n.args().at(1);
+  if (!a1.is_constant() || !a1.constant().isInt()) return false;
+  const int64_t rank = static_cast<int64_t>(meta_of(*x).sizes.size());
+  int64_t dim = a1.constant().toInt();
+  if (dim < 0) dim += rank;
+  if (rank == 0 || dim != rank - 1) return false;
+  const auto& a2 = n.args().at(2);  // dtype (None) or half_to_float (false)
+  return a2.is_constant() && (a2.constant().isNone() || (a2.constant().isBool() && !a2.constant().toBool()));
+}
+
+// layer_norm(input, normalized_shape, weight?, bias?, eps, cudnn_enable) over trailing dims.
+bool layer_norm_ok(const Node& n) {
+  auto x = float_arg(n, 0);
+  if (!x) return false;
+  const auto& shape_arg = n.args().at(1);
+  if (!shape_arg.is_constant() || !shape_arg.constant().isIntList()) return false;
+  const auto shape = shape_arg.constant().toIntVector();
+  const auto& sizes = meta_of(*x).sizes;
+  if (shape.empty() || shape.size() > sizes.size() ||
+      !std::equal(shape.begin(), shape.end(), sizes.end() - static_cast<std::ptrdiff_t>(shape.size())))
+    return false;
+  for (size_t i : {2u, 3u}) {
+    if (is_none(n, i)) continue;
+    auto w = float_arg(n, i);
+    if (!w || meta_of(*w).sizes != shape) return false;
+  }
+  const auto& eps = n.args().at(4);
+  return eps.is_constant() && eps.constant().isDouble();
+}
+
+enum class RowKind { Softmax, LogSoftmax, LayerNorm, None };
+
+RowKind row_kind(const Node& n) {
+  if (n.kind() != NodeKind::CallFunction || n.num_outputs() != 1) return RowKind::None;
+  const TensorMeta& out = n.output_meta()[0];
+  if (!is_float_cpu(out) || !is_contiguous(out)) return RowKind::None;
+  const std::string& t = n.target();
+  if (t == "aten::softmax.int" || t == "aten::_softmax") return softmax_ok(n) ? RowKind::Softmax : RowKind::None;
+  if (t == "aten::log_softmax.int" || t == "aten::_log_softmax")
+    return softmax_ok(n) ? RowKind::LogSoftmax : RowKind::None;
+  if (t == "aten::layer_norm") return layer_norm_ok(n) ? RowKind::LayerNorm : RowKind::None;
+  return RowKind::None;
+}
+
+}  // namespace
+
+bool row_fusible(const Node& n) { return row_kind(n) != RowKind::None; }
+
+std::shared_ptr<const RowProgram> RowProgram::build(const ir::GraphModule& gm, std::string* why) {
+  auto fail = [&](std::string reason) -> std::shared_ptr<const RowProgram> {
+    if (why) *why = std::move(reason);
+    return nullptr;
+  };
+  std::shared_ptr<RowProgram> p(new RowProgram());
+  const Node* op = nullptr;
+  std::unordered_map<const Node*, TensorSource> sources;
+  int64_t num_inputs = 0;
+  for (const auto& np : gm.graph().nodes()) {
+    const Node& n = *np;
+    switch (n.kind()) {
+      case NodeKind::Placeholder:
+      case NodeKind::GetAttr: sources.emplace(&n, TensorSource::of(gm, n, &num_inputs)); break;
+      case NodeKind::CallFunction:
+        if (op) return fail("more than one operator");
+        if (!row_fusible(n)) return fail("'" + n.name() + "' (" + n.target() + ") is not a row operation it runs");
+        op = &n;
+        break;
+      case NodeKind::CallModule: return fail("the graph has a call_module node");
+      case NodeKind::Output:
+        for (const auto& v : n.args().at(0).list()) {
+          if (!v || v->node != op) return fail("the graph returns something other than its operator's result");
+        }
+        p->num_outputs_ = n.args().at(0).list().size();
+        break;
+    }
+  }
+  if (!op) return fail("nothing to fuse");
+  auto source_of = [&](size_t i) { return sources.at(op->args().at(i).value().node); };
+  switch (row_kind(*op)) {
+    case RowKind::Softmax: p->kind_ = Kind::Softmax; break;
+    case RowKind::LogSoftmax: p->kind_ = Kind::LogSoftmax; break;
+    case RowKind::LayerNorm: p->kind_ = Kind::LayerNorm; break;
+    case RowKind::None: return fail("not a row operation");
+  }
+  p->x_ = source_of(0);
+  if (p->kind_ == Kind::LayerNorm) {
+    for (int64_t s : op->args().at(1).constant().toIntVector()) p->cols_ *= s;
+    if (!is_none(*op, 2)) p->weight_ = source_of(2);
+    if (!is_none(*op, 3)) p->bias_ = source_of(3);
+    p->eps_ = static_cast<float>(op->args().at(4).constant().toDouble());
+  } else {
+    p->cols_ = p->x_.sizes.back();
+  }
+  if (p->cols_ == 0) return fail("its rows are empty");
+  p->isa_ = selected_isa();
+  p->kernels_ = &kernels_of(p->isa_);
+  return p;
+}
+
+std::vector<at::Tensor> RowProgram::run(const std::vector<at::Tensor>& inputs) const {
+  const at::Tensor x = x_.resolve(inputs, "the input").contiguous();
+  at::Tensor w, b;
+  if (weight_.present) w = weight_.resolve(inputs, "the weight").contiguous();
+  if (bias_.present) b = bias_.resolve(inputs, "the bias").contiguous();
+  at::Tensor out = at::empty(x.sizes(), x.options());
+  const int64_t cols = cols_, rows = x.numel() / cols;
+  const float* in = x.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  const float* wp = w.defined() ? w.data_ptr<float>() : nullptr;
+  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+  auto body = [&](int64_t begin, int64_t end) {
+    if (kind_ == Kind::LayerNorm) {
+      kernels_->layer_norm_rows(in + begin * cols, o + begin * cols, wp, bp, end - begin, cols, eps_);
+    } else {
+      kernels_->softmax_rows(in + begin * cols, o + begin * cols, end - begin, cols, kind_ == Kind::LogSoftmax);
+    }
+  };
+  // Inline below 32768 elements: an OpenMP region costs microseconds.
+  const int64_t grain = std::max<int64_t>(1, 32768 / cols);
+  if (rows <= grain) {
+    body(0, rows);
+  } else {
+    at::parallel_for(0, rows, grain, body);
+  }
+  return std::vector<at::Tensor>(num_outputs_, out);
+}
+
+std::string RowProgram::describe() const {
+  const char* name = kind_ == Kind::Softmax ? "softmax" : kind_ == Kind::LogSoftmax ? "log_softmax" : "layer_norm";
+  return std::string("fused: ") + name + " (rows of " + std::to_string(cols_) + ", " + to_string(isa_) + ")";
+}
+
+}  // namespace torchcompile::fused

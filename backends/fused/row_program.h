@@ -1,0 +1,46 @@
+// Row operations of the `fused` backend: softmax and log-softmax over the last dimension, layer
+// normalization over the trailing dimensions, each run as one vectorized pass per row (reduce,
+// then the pointwise pass that uses the reduction) with the backend's own exp.
+#pragma once
+
+#include "fused_program.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace torchcompile::fused {
+
+/// Whether `n` is a row operation the backend runs: `softmax.int` / `_softmax` / `log_softmax.int`
+/// / `_log_softmax` over the last dimension, `layer_norm` over the trailing dimensions (with
+/// optional weight and bias of the normalized shape); float32 CPU tensors, contiguous input and
+/// output, no dtype conversion.
+bool row_fusible(const ir::Node& n);
+
+/// A graph of one row operation, compiled.
+class RowProgram {
+ public:
+  /// The program for `gm` (one call_function node, row_fusible, whose result is the graph's
+  /// output), or nullptr with the reason in `*why`. `gm` must outlive the program.
+  static std::shared_ptr<const RowProgram> build(const ir::GraphModule& gm, std::string* why);
+
+  /// Run on the graph's inputs (placeholders, in order); checks dtypes and sizes.
+  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) const;
+
+  /// "fused: softmax (rows of 128, avx512)"
+  std::string describe() const;
+
+ private:
+  RowProgram() = default;
+  enum class Kind { Softmax, LogSoftmax, LayerNorm };
+
+  Kind kind_ = Kind::Softmax;
+  TensorSource x_, weight_, bias_;
+  size_t num_outputs_ = 1;  // the graph returns the result this many times
+  int64_t cols_ = 1;
+  float eps_ = 1e-5f;
+  Isa isa_ = Isa::Sse2;
+  const IsaKernels* kernels_ = nullptr;
+};
+
+}  // namespace torchcompile::fused

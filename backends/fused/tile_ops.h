@@ -1,0 +1,71 @@
+// The instruction set of the `fused` backend's tile programs, shared by the program builder
+// (fused_program.cpp, with LibTorch) and the vector kernels (kernels_*.cpp, compiled once per ISA
+// without LibTorch).
+//
+// A program is a list of instructions over tile registers. A register is a pointer to `n`
+// contiguous floats for the tile being run: an input's memory, a buffer an input was gathered
+// into, an output's memory, or a scratch buffer in L1. Every instruction reads its operands and
+// writes its destination over the tile's `n` elements; the destination never aliases an operand
+// of the same instruction unless the instruction is elementwise in place (which all are: element
+// i of the destination depends only on element i of the operands).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace torchcompile::fused {
+
+enum class TileOp : uint16_t {
+  // unary: d = f(a)
+  Neg, Abs, Relu, Sigmoid, Tanh, Exp, Expm1, Log, Log1p, Sqrt, Rsqrt, Reciprocal, Sin, Cos, Erf, GeluErf, GeluTanh,
+  Silu, Square, Cube, Hardsigmoid, Hardswish, Copy,
+  // unary with scalar parameters
+  LeakyRelu,  ///< a > 0 ? a : a * p0
+  Clamp,      ///< min(max(a, p0), p1), NaN kept; ±inf for a missing bound
+  AddS,       ///< a + p0
+  MulS,       ///< a * p0
+  RSubS,      ///< p0 - a
+  DivS,       ///< a / p0
+  RDivS,      ///< p0 / a
+  // binary: d = f(a, b)
+  Add,      ///< a + b
+  AddMul,   ///< a + p0 * b (add/sub with alpha != 1)
+  Sub,      ///< a - b
+  Mul,      ///< a * b
+  Div,      ///< a / b
+  Max,      ///< maximum (NaN propagates)
+  Min,      ///< minimum (NaN propagates)
+  ThresholdBackward,  ///< b <= p0 ? 0 : a (a = grad, b = input)
+  SigmoidBackward,    ///< a * (1 - b) * b (b = sigmoid's output)
+  TanhBackward,       ///< a * (1 - b * b) (b = tanh's output)
+  GeluErfBackward,    ///< a * gelu'(b) (b = gelu's input, erf form)
+};
+
+/// One instruction: destination and operand registers, scalar parameters.
+struct TileInstr {
+  TileOp op;
+  uint16_t dst;
+  uint16_t a, b, c;
+  float p0, p1;
+};
+
+/// The kernels of one ISA.
+struct IsaKernels {
+  /// Runs `code` over one tile: every register in `regs` points at `n` floats (scratch registers
+  /// at a multiple of 16 floats more, 64-byte aligned). Elements past `n` are never read from or
+  /// written to memory registers.
+  void (*run_tile)(const TileInstr* code, size_t count, float* const* regs, int64_t n);
+  /// Softmax (or log-softmax) of each of `rows` contiguous rows of `cols` floats.
+  void (*softmax_rows)(const float* in, float* out, int64_t rows, int64_t cols, bool log);
+  /// Layer normalization of each of `rows` contiguous rows of `cols` floats: (x - mean) * rstd,
+  /// times `weight` and plus `bias` (each `cols` floats, or null), rstd = 1 / sqrt(var + eps).
+  void (*layer_norm_rows)(const float* in, float* out, const float* weight, const float* bias, int64_t rows,
+                          int64_t cols, float eps);
+};
+
+/// The kernels compiled for each ISA (kernels_avx512.cpp, kernels_avx2.cpp, kernels_sse2.cpp).
+const IsaKernels& isa_kernels_avx512();
+const IsaKernels& isa_kernels_avx2();
+const IsaKernels& isa_kernels_sse2();
+
+}  // namespace torchcompile::fused

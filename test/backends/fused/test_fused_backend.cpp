@@ -1,0 +1,465 @@
+// The `fused` backend against eager LibTorch: every operator family it lowers (with NaN, ±inf and
+// ±0 among the inputs), randomized programs of pointwise operators with broadcast inputs on each
+// ISA the CPU runs (TORCHCOMPILE_ISA), partitions around operators it does not lower, `default`'s
+// composition with onednn, AOT backward graphs, allocations, and no compiler at run time.
+#include "support/test_util.h"
+
+#include <torchcompile/backends/partition.h>
+#include <torchcompile/ir/interpreter.h>
+
+#include <torchcompile/compat.h>
+
+#include <c10/core/CPUAllocator.h>
+#include <gmock/gmock.h>
+
+#include <atomic>
+#include <functional>
+#include <random>
+
+using tc_test::ScopedEnv;
+using tc_test::tensors_close;
+
+namespace {
+
+constexpr double kRtol = 1e-4, kAtol = 1e-5;
+
+// The ISAs this CPU runs, by TORCHCOMPILE_ISA name.
+std::vector<std::string> isas() {
+  std::vector<std::string> out{"scalar"};
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) out.push_back("avx2");
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl"))
+    out.push_back("avx512");
+  return out;
+}
+
+// Inputs with the special values in them: NaN, ±inf, ±0, large and tiny magnitudes.
+torch::Tensor with_specials(torch::Tensor x) {
+  auto flat = x.view({-1});
+  const float specials[] = {NAN, INFINITY, -INFINITY, 0.f, -0.f, 1e30f, -1e30f, 1e-30f, 88.f, -104.f, 3.f, -3.f};
+  for (int64_t i = 0; i < flat.numel() && i < 12; ++i) flat[i * 7 % flat.numel()] = specials[i];
+  return x;
+}
+
+std::string partition_of(const torchcompile::ExplainOutput& e) {
+  std::string s;
+  for (const auto& r : e.compiled)
+    for (const auto& p : r.partition) s += p + "\n";
+  return s;
+}
+
+using UnaryFn = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>;
+
+struct OpCase {
+  const char* name;
+  UnaryFn fn;
+};
+
+// One case per lowered operator (and per constant form); `x` and `y` have the same shape.
+std::vector<OpCase> op_cases() {
+  using T = const torch::Tensor&;
+  namespace F = torch::nn::functional;
+  return {
+      {"add", [](T x, T y) { return x + y; }},
+      {"add_alpha", [](T x, T y) { return torch::add(x, y, 0.5); }},
+      {"add_scalar", [](T x, T) { return x + 0.25; }},
+      {"sub", [](T x, T y) { return x - y; }},
+      {"sub_alpha", [](T x, T y) { return torch::sub(x, y, 2); }},
+      {"sub_scalar", [](T x, T) { return x - 3; }},
+      {"rsub", [](T x, T y) { return torch::rsub(x, y); }},
+      {"rsub_scalar", [](T x, T) { return torch::rsub(x, 1.5, 2.0); }},
+      {"mul", [](T x, T y) { return x * y; }},
+      {"mul_scalar", [](T x, T) { return x * 1.5; }},
+      {"div", [](T x, T y) { return x / y; }},
+      {"div_scalar", [](T x, T) { return x / 3.0; }},
+      {"maximum", [](T x, T y) { return torch::maximum(x, y); }},
+      {"minimum", [](T x, T y) { return torch::minimum(x, y); }},
+      {"neg", [](T x, T) { return -x; }},
+      {"abs", [](T x, T) { return x.abs(); }},
+      {"relu", [](T x, T) { return torch::relu(x); }},
+      {"sigmoid", [](T x, T) { return torch::sigmoid(x); }},
+      {"tanh", [](T x, T) { return torch::tanh(x); }},
+      {"exp", [](T x, T) { return torch::exp(x); }},
+      {"expm1", [](T x, T) { return torch::expm1(x); }},
+      {"log", [](T x, T) { return torch::log(x); }},
+      {"log1p", [](T x, T) { return torch::log1p(x); }},
+      {"sqrt", [](T x, T) { return torch::sqrt(x); }},
+      {"rsqrt", [](T x, T) { return torch::rsqrt(x); }},
+      {"reciprocal", [](T x, T) { return torch::reciprocal(x); }},
+      {"sin", [](T x, T) { return torch::sin(x); }},
+      {"cos", [](T x, T) { return torch::cos(x); }},
+      {"erf", [](T x, T) { return torch::erf(x); }},
+      {"gelu", [](T x, T) { return F::gelu(x); }},
+      {"gelu_tanh", [](T x, T) { return F::gelu(x, F::GELUFuncOptions().approximate("tanh")); }},
+      {"silu", [](T x, T) { return F::silu(x); }},
+      {"hardsigmoid", [](T x, T) { return torch::hardsigmoid(x); }},
+      {"hardswish", [](T x, T) { return torch::hardswish(x); }},
+      {"leaky_relu", [](T x, T) { return F::leaky_relu(x, F::LeakyReLUFuncOptions().negative_slope(0.2)); }},
+      {"hardtanh", [](T x, T) { return F::hardtanh(x); }},
+      {"relu6", [](T x, T) { return F::relu6(x); }},
+      {"clamp", [](T x, T) { return torch::clamp(x, -0.5, 0.75); }},
+      {"clamp_min", [](T x, T) { return torch::clamp_min(x, 0.1); }},
+      {"clamp_max", [](T x, T) { return torch::clamp_max(x, 0.1); }},
+      {"pow2", [](T x, T) { return torch::pow(x, 2); }},
+      {"pow3", [](T x, T) { return torch::pow(x, 3); }},
+      {"pow_half", [](T x, T) { return torch::pow(x, 0.5); }},
+      {"pow_minus1", [](T x, T) { return torch::pow(x, -1); }},
+      {"threshold_backward", [](T x, T y) { return torch::threshold_backward(x, y, 0.0); }},
+      {"sigmoid_backward", [](T x, T y) { return torch::sigmoid_backward(x, y); }},
+      {"tanh_backward", [](T x, T y) { return torch::tanh_backward(x, y); }},
+      {"gelu_backward", [](T x, T y) { return torch::gelu_backward(x, y); }},
+  };
+}
+
+class FusedOps : public ::testing::TestWithParam<std::string> {
+ protected:
+  torch::NoGradGuard no_grad_;
+};
+
+// Each operator alone and after a multiply (so that the group has an intermediate), over a tile
+// tail (1000 elements is no multiple of 16 or 8) with special values: compiled by `fused`, equal to
+// eager within the tolerance, NaN where eager has NaN.
+TEST_P(FusedOps, EachOperatorMatchesEager) {
+  ScopedEnv isa("TORCHCOMPILE_ISA", GetParam());
+  torch::manual_seed(1);
+  for (const auto& c : op_cases()) {
+    SCOPED_TRACE(c.name);
+    auto x = with_specials(torch::randn({10, 100}) * 3);
+    auto y = torch::randn({10, 100});
+    auto fn = c.fn;
+    auto chained = [fn](torch::Tensor a, torch::Tensor b) { return fn(a * 0.5f, b) + 1; };
+    for (auto f : {UnaryFn(fn), UnaryFn(chained)}) {
+      auto e = torchcompile::explain("fused", [f](torch::Tensor a, torch::Tensor b) { return f(a, b); }, x, y);
+      ASSERT_EQ(e.compiled.size(), 1u);
+      EXPECT_EQ(e.compiled[0].backend, "fused") << e;
+      EXPECT_NE(partition_of(e).find("fused: "), std::string::npos) << e;
+      auto compiled = torch::compile([f](torch::Tensor a, torch::Tensor b) { return f(a, b); }, "fused");
+      EXPECT_TRUE(tensors_close(f(x, y), compiled(x, y), kRtol, kAtol));
+    }
+  }
+}
+
+// Row operations: softmax and log-softmax over the last dimension, layer_norm over the trailing
+// dimensions with and without weight and bias, with special values in some rows.
+TEST_P(FusedOps, RowOperationsMatchEager) {
+  ScopedEnv isa("TORCHCOMPILE_ISA", GetParam());
+  torch::manual_seed(3);
+  namespace F = torch::nn::functional;
+  auto ln_w = torch::randn({37}), ln_b = torch::randn({37});
+  std::vector<std::pair<const char*, std::function<torch::Tensor(const torch::Tensor&)>>> cases = {
+      {"softmax", [](const torch::Tensor& x) { return torch::softmax(x, -1); }},
+      {"log_softmax", [](const torch::Tensor& x) { return torch::log_softmax(x, 2); }},
+      {"layer_norm", [](const torch::Tensor& x) { return F::layer_norm(x, F::LayerNormFuncOptions({37})); }},
+      {"layer_norm_affine",
+       [=](const torch::Tensor& x) { return F::layer_norm(x, F::LayerNormFuncOptions({37}).weight(ln_w).bias(ln_b)); }},
+      {"layer_norm_2d", [](const torch::Tensor& x) { return F::layer_norm(x, F::LayerNormFuncOptions({5, 37}).eps(1e-3)); }},
+  };
+  for (const auto& [name, f] : cases) {
+    SCOPED_TRACE(name);
+    for (int64_t rows : {1, 3, 400}) {  // 400 * 5 * 37 elements: parallel over rows
+      auto x = torch::randn({rows, 5, 37}) * 4;
+      if (rows == 3) x[1][2][7] = NAN, x[2][0][0] = -INFINITY, x[2][4][3] = 1e20f;
+      auto fn = [f](torch::Tensor x) { return f(x); };
+      auto e = torchcompile::explain("fused", fn, x);
+      EXPECT_NE(partition_of(e).find("fused: "), std::string::npos) << e;
+      EXPECT_EQ(e.compiled[0].backend, "fused") << e;
+      auto compiled = torch::compile(fn, "fused");
+      EXPECT_TRUE(tensors_close(f(x), compiled(x), kRtol, kAtol)) << rows;
+    }
+  }
+  // Around a pointwise run: two programs.
+  auto fn = [](torch::Tensor x) { return torch::softmax(x * 0.125, -1) * 2 + 1; };
+  auto x = torch::randn({16, 128});
+  auto e = torchcompile::explain("fused", fn, x);
+  EXPECT_NE(partition_of(e).find("fused: softmax (rows of 128"), std::string::npos) << e;
+  EXPECT_NE(partition_of(e).find("fused: mul+add"), std::string::npos) << e;
+  EXPECT_TRUE(tensors_close(fn(x), torch::compile(fn, "fused")(x), kRtol, kAtol));
+}
+
+// ---- randomized programs ------------------------------------------------------------------------
+
+// A random program over a pool of values: x (the iteration shape), b (a shape that broadcasts to
+// it), then each step applies one operator to values of the pool and appends the result.
+struct Step {
+  int op;
+  int a, b;
+  float s;
+};
+struct Program {
+  std::vector<int64_t> shape, bshape;
+  std::vector<Step> steps;
+  std::vector<int> outputs;
+};
+
+constexpr int kNumOps = 16;
+
+torch::Tensor apply_step(const Step& st, const std::vector<torch::Tensor>& pool) {
+  const auto& a = pool[st.a];
+  const auto& b = pool[st.b];
+  namespace F = torch::nn::functional;
+  switch (st.op) {
+    case 0: return a + b;
+    case 1: return a - b;
+    case 2: return a * b;
+    case 3: return a / (b.abs() + 1);
+    case 4: return a * st.s;
+    case 5: return a + st.s;
+    case 6: return torch::tanh(a);
+    case 7: return torch::sigmoid(a);
+    case 8: return F::gelu(a);
+    case 9: return torch::relu(a);
+    case 10: return torch::sin(a);
+    case 11: return torch::exp(a.clamp(-20, 20));
+    case 12: return torch::log1p(a.abs());
+    case 13: return torch::maximum(a, b);
+    case 14: return F::silu(a);
+    default: return torch::sqrt(a.abs() + st.s * st.s);
+  }
+}
+
+// Two outputs (the same value twice for a program with one).
+std::tuple<torch::Tensor, torch::Tensor> run(const Program& p, torch::Tensor x, torch::Tensor b) {
+  std::vector<torch::Tensor> pool{x, b};
+  for (const auto& st : p.steps) pool.push_back(apply_step(st, pool));
+  return {pool[p.outputs.front()], pool[p.outputs.back()]};
+}
+
+Program random_program(std::mt19937& rng) {
+  auto pick = [&](int n) { return static_cast<int>(rng() % n); };
+  Program p;
+  const int rank = 1 + pick(3);
+  for (int d = 0; d < rank; ++d) p.shape.push_back(1 + pick(d == rank - 1 ? 70 : 9));
+  if (pick(8) == 0) p.shape[0] = 300 + pick(200);  // large enough for several tiles and threads
+  // b: the full shape, its last dimension, a column, or a 0-dim tensor.
+  switch (pick(4)) {
+    case 0: p.bshape = p.shape; break;
+    case 1: p.bshape = {p.shape.back()}; break;
+    case 2:
+      p.bshape = p.shape;
+      p.bshape.back() = 1;
+      break;
+    default: p.bshape = {}; break;
+  }
+  const int n = 2 + pick(10);
+  for (int i = 0; i < n; ++i) {
+    const int pool = 2 + i;
+    // the first operand never `b` alone (its result would not have the iteration shape)
+    Step st{pick(kNumOps), pick(pool), pick(pool), static_cast<float>(pick(9)) * 0.25f - 1.f};
+    if (st.a == 1) st.a = 0;
+    p.steps.push_back(st);
+  }
+  const int values = 2 + n;
+  p.outputs.push_back(values - 1);
+  if (pick(2)) p.outputs.push_back(2 + pick(n));
+  return p;
+}
+
+TEST_P(FusedOps, RandomProgramsMatchEager) {
+  ScopedEnv isa("TORCHCOMPILE_ISA", GetParam());
+  const char* env_seed = std::getenv("TORCHCOMPILE_FUZZ_SEED");
+  const uint32_t seed = env_seed ? static_cast<uint32_t>(std::atoi(env_seed)) : 7;
+  std::mt19937 rng(seed);
+  torch::manual_seed(seed);
+  for (int i = 0; i < 120; ++i) {
+    Program p = random_program(rng);
+    auto x = torch::randn(p.shape) * 2;
+    auto b = torch::randn(p.bshape);
+    if (i % 5 == 0) x = with_specials(x);
+    auto fn = [p](torch::Tensor x, torch::Tensor b) { return run(p, x, b); };
+    // Every operator of these programs is one the backend lowers: one program runs it all.
+    auto e = torchcompile::explain("fused", fn, x, b);
+    ASSERT_EQ(e.compiled.size(), 1u);
+    ASSERT_EQ(e.compiled[0].backend, "fused") << e;
+    ASSERT_EQ(partition_of(e).find("interpreter"), std::string::npos) << e;
+    auto compiled = torch::compile(fn, "fused");
+    auto [e0, e1] = fn(x, b);
+    auto [a0, a1] = compiled(x, b);
+    ASSERT_TRUE(tensors_close(e0, a0, kRtol, kAtol) && tensors_close(e1, a1, kRtol, kAtol))
+        << "seed " << seed << ", program " << i << "\n"
+        << torchcompile::explain("fused", fn, x, b);
+    // A replay with new values (same shapes) too.
+    auto x2 = torch::randn(p.shape), b2 = torch::randn(p.bshape);
+    auto [f0, f1] = fn(x2, b2);
+    auto [c0, c1] = compiled(x2, b2);
+    ASSERT_TRUE(tensors_close(f0, c0, kRtol, kAtol) && tensors_close(f1, c1, kRtol, kAtol)) << "replay " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Isa, FusedOps, ::testing::ValuesIn(isas()),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+// ---- partitions ---------------------------------------------------------------------------------
+
+TEST(FusedBackend, PartitionsAroundOperatorsItDoesNotLower) {
+  torch::NoGradGuard no_grad;
+  auto fn = [](torch::Tensor x, torch::Tensor w) {
+    auto h = torch::tanh(x * 2 + 1);
+    auto m = torch::mm(h, w);      // not pointwise: the interpreter
+    return torch::sigmoid(m) * m;  // a second group
+  };
+  auto x = torch::randn({16, 32}), w = torch::randn({32, 8});
+  auto e = torchcompile::explain("fused", fn, x, w);
+  const std::string part = partition_of(e);
+  EXPECT_NE(part.find("fused: mul+add+tanh"), std::string::npos) << e;
+  EXPECT_NE(part.find("fused: sigmoid+mul"), std::string::npos) << e;
+  EXPECT_NE(part.find("interpreter: 1 operator(s)"), std::string::npos) << e;
+  auto compiled = torch::compile(fn, "fused");
+  EXPECT_TRUE(tensors_close(fn(x, w), compiled(x, w), kRtol, kAtol));
+}
+
+TEST(FusedBackend, DeclinesWhatItCannotFuseWithAReason) {
+  torch::NoGradGuard no_grad;
+  auto e = torchcompile::explain("fused", [](torch::Tensor x) { return x.sum(0); }, torch::randn({4, 4}));
+  ASSERT_EQ(e.compiled.size(), 1u);
+  EXPECT_EQ(e.compiled[0].backend, "interpreter");
+  EXPECT_NE(e.str().find("no operator of the graph is one that fused compiles"), std::string::npos) << e;
+  // Integer tensors stay with ATen (float32 only).
+  auto ei = torchcompile::explain("fused", [](torch::Tensor x) { return x * 2 + 1; }, torch::arange(6));
+  EXPECT_EQ(ei.compiled[0].backend, "interpreter") << ei;
+}
+
+TEST(FusedBackend, DeclinesUnderAutograd) {
+  auto x = torch::randn({8}, torch::requires_grad());
+  auto e = torchcompile::explain("fused", [](torch::Tensor x) { return torch::tanh(x) * 2; }, x);
+  EXPECT_EQ(e.compiled[0].backend, "interpreter");
+  EXPECT_NE(e.str().find("grad mode is enabled"), std::string::npos) << e;
+  auto compiled = torch::compile([](torch::Tensor x) { return torch::tanh(x) * 2; }, "fused");
+  auto y = compiled(x);
+  y.sum().backward();
+  EXPECT_TRUE(tensors_close((1 - torch::tanh(x).pow(2)) * 2, x.grad()));
+}
+
+// Inputs read in place or gathered: a transposed (non-contiguous) input and a broadcast one.
+TEST(FusedBackend, StridedAndBroadcastInputs) {
+  torch::NoGradGuard no_grad;
+  auto fn = [](torch::Tensor a, torch::Tensor b, torch::Tensor c) { return torch::tanh(a.t() * 0 + a.t()) + b * c; };
+  auto a = torch::randn({70, 50}), b = torch::randn({50, 1}), c = torch::randn({70});
+  auto compiled = torch::compile(fn, "fused");
+  EXPECT_TRUE(tensors_close(fn(a, b, c), compiled(a, b, c), kRtol, kAtol));
+}
+
+// A group allocates only its outputs: one tensor for a chain of seven operators (eager: seven).
+TEST(FusedBackend, AGroupAllocatesOnlyItsOutputs) {
+  torch::NoGradGuard no_grad;
+  static torchcompile::compat::CountingAllocator counting(c10::GetCPUAllocator());
+  auto fn = [](torch::Tensor x) { return torch::sigmoid(torch::gelu(x * 1.5 + 0.25)) * x - torch::tanh(x); };
+  auto x = torch::randn({256, 256});
+  auto compiled = torch::compile(fn, "fused");
+  compiled(x);  // trace and compile
+  c10::SetCPUAllocator(&counting, /*priority=*/100);
+  counting.reset();
+  auto y = compiled(x);
+  const int fused_allocations = counting.count();
+  counting.reset();
+  auto expected = fn(x);
+  const int eager_allocations = counting.count();
+  c10::SetCPUAllocator(counting.base(), /*priority=*/101);
+  EXPECT_EQ(fused_allocations, 1);
+  EXPECT_GE(eager_allocations, 7);  // one per operator (and the scalars ATen wraps into tensors)
+  EXPECT_TRUE(tensors_close(expected, y, kRtol, kAtol));
+}
+
+// No process and no compiler at run time: compiling and running work with PATH emptied.
+TEST(FusedBackend, NeedsNoCompilerAtRunTime) {
+  torch::NoGradGuard no_grad;
+  ScopedEnv path("PATH", "");
+  auto fn = [](torch::Tensor x) { return torch::sigmoid(torch::gelu(x * 1.5 + 0.25)) * x - torch::tanh(x); };
+  auto x = torch::randn({64, 64});
+  auto e = torchcompile::explain("fused", fn, x);
+  EXPECT_EQ(e.compiled[0].backend, "fused") << e;
+  auto compiled = torch::compile(fn, "fused");
+  EXPECT_TRUE(tensors_close(fn(x), compiled(x), kRtol, kAtol));
+}
+
+TEST(FusedBackend, UnknownIsaIsAnError) {
+  torch::NoGradGuard no_grad;
+  ScopedEnv isa("TORCHCOMPILE_ISA", "avx9000");
+  // The backend fails with the message; the call runs eagerly (with a warning), as for any
+  // backend error.
+  auto e = torchcompile::explain("fused", [](torch::Tensor x) { return torch::tanh(x); }, torch::randn({4}));
+  EXPECT_NE(e.str().find("TORCHCOMPILE_ISA: expected one of avx512, avx2, scalar (or sse2), got 'avx9000'"),
+            std::string::npos)
+      << e;
+}
+
+// ---- `default`: onednn for GEMMs with their post-ops, fused for pointwise runs --------------------
+
+TEST(DefaultBackend, ComposesOnednnAndFused) {
+  if (!torchcompile::has_backend("onednn")) GTEST_SKIP() << "onednn is not in this build";
+  torch::NoGradGuard no_grad;
+  auto lin = torch::nn::Linear(64, 32).ptr();
+  auto fn = [lin](torch::Tensor x) {
+    auto h = torch::relu(lin->forward(x));                 // onednn: linear+bias+relu
+    return torch::sigmoid(h * 2 - 1) * torch::tanh(h);  // fused
+  };
+  auto x = torch::randn({16, 64});
+  auto e = torchcompile::explain("default", fn, x);
+  const std::string part = partition_of(e);
+  EXPECT_NE(part.find("onednn: linear+bias+relu"), std::string::npos) << e;
+  EXPECT_NE(part.find("fused: "), std::string::npos) << e;
+  auto compiled = torch::compile(fn, "default");
+  EXPECT_TRUE(tensors_close(fn(x), compiled(x), kRtol, kAtol));
+}
+
+// A user's backend composed with fused by its claim (the README's snippet): it gets the mm parts,
+// fused the pointwise runs; its decline reason for a part shows in the partition.
+TEST(PartitionedBackend, ComposesAUsersBackendByItsClaim) {
+  torch::NoGradGuard no_grad;
+  auto seen = std::make_shared<std::atomic<int>>(0);
+  torchcompile::register_backend("test_mm_only", [seen](torchcompile::GraphModule& gm, const std::vector<at::Tensor>&) {
+    ++*seen;
+    if (gm.graph().nodes().size() > 100) return torchcompile::decline("too big");
+    return torchcompile::CompiledFn(torchcompile::ir::interpreter_fn(gm));
+  });
+  torchcompile::register_claim("test_mm_only", torchcompile::claim_if([](const torchcompile::ir::Node& n) {
+    return n.target() == "aten::mm";
+  }));
+  torchcompile::register_backend("test_mm_fused", torchcompile::partitioned_backend(
+      {torchcompile::partition_backend("test_mm_only"), torchcompile::partition_backend("fused")}));
+  auto fn = [](torch::Tensor x, torch::Tensor w) { return torch::tanh(torch::mm(torch::relu(x * 2), w)) + 1; };
+  auto x = torch::randn({8, 16}), w = torch::randn({16, 4});
+  auto e = torchcompile::explain("test_mm_fused", fn, x, w);
+  EXPECT_EQ(e.compiled[0].backend, "test_mm_fused");
+  EXPECT_EQ(e.compiled[0].partition.size(), 2u) << e;  // the two fused parts; the mm part reports nothing
+  EXPECT_NE(partition_of(e).find("fused: mul+relu"), std::string::npos) << e;
+  EXPECT_NE(partition_of(e).find("fused: tanh+add"), std::string::npos) << e;
+  EXPECT_EQ(seen->load(), 1);
+  auto compiled = torch::compile(fn, "test_mm_fused");
+  EXPECT_TRUE(tensors_close(fn(x, w), compiled(x, w), kRtol, kAtol));
+  EXPECT_THAT(tc_test::error_of([] { torchcompile::partition_backend("eager"); }),
+              ::testing::HasSubstr("backend 'eager' has no claim"));
+}
+
+// ---- AOT: the backward graph's pointwise operators -----------------------------------------------
+
+TEST(FusedBackend, AotBackwardGraphsMatchEager) {
+  torch::manual_seed(0);
+  auto net = torch::nn::Sequential(torch::nn::Linear(16, 32), torch::nn::GELU(), torch::nn::Linear(32, 32),
+                                   torch::nn::Tanh(), torch::nn::Linear(32, 4), torch::nn::Sigmoid());
+  auto reference = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(net->clone());
+  // The forward and backward graphs' pointwise operators run in fused programs.
+  {
+    auto probe = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(net->clone());
+    auto e = torchcompile::explain("aot_fused", probe, torch::randn({8, 16}));
+    ASSERT_EQ(e.compiled.size(), 1u);
+    EXPECT_EQ(e.compiled[0].backend, "aot_fused") << e;
+    for (const char* part : {"fused: gelu (", "fused: tanh (", "fused: sigmoid (", "fused: gelu_backward",
+                             "fused: tanh_backward", "fused: sigmoid_backward"})
+      EXPECT_NE(partition_of(e).find(part), std::string::npos) << part << "\n" << e;
+  }
+  auto compiled = torch::compile(net.ptr(), "aot_fused");
+  for (int i = 0; i < 3; ++i) {
+    auto x = torch::randn({8, 16});
+    reference->zero_grad();
+    net->zero_grad();
+    auto ye = reference->forward(x);
+    auto yc = compiled(x);
+    EXPECT_TRUE(tensors_close(ye, yc, kRtol, kAtol));
+    (ye * ye).sum().backward();
+    (yc * yc).sum().backward();
+    auto pe = reference->parameters(), pc = net->parameters();
+    for (size_t k = 0; k < pe.size(); ++k) EXPECT_TRUE(tensors_close(pe[k].grad(), pc[k].grad(), kRtol, kAtol)) << k;
+  }
+}
+
+}  // namespace
