@@ -236,10 +236,79 @@ void layer_norm_rows(const float* in, float* out, const float* weight, const flo
   }
 }
 
+// Reduction along the rows of a (red, inner) block. With inner == 1 a column is contiguous: vector
+// accumulators run along it; otherwise vectors run across the columns, row by row. Sums are taken
+// in blocks of kSumBlock rows whose partial sums are then added (error grows with the block size
+// plus the number of blocks, not with `red`).
+constexpr int64_t kSumBlock = 128;
+
+template <class Combine>
+float reduce_contiguous(const float* x, int64_t n, float init, Combine c) {
+  vf a0 = splat(init), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 4 * kLanes <= n; i += 4 * kLanes) {
+    a0 = c(a0, loadu(x + i));
+    a1 = c(a1, loadu(x + i + kLanes));
+    a2 = c(a2, loadu(x + i + 2 * kLanes));
+    a3 = c(a3, loadu(x + i + 3 * kLanes));
+  }
+  for (; i + kLanes <= n; i += kLanes) a0 = c(a0, loadu(x + i));
+  vf a = c(c(a0, a1), c(a2, a3));
+  float r = a[0];
+  for (int l = 1; l < kLanes; ++l) r = c(splat(r), splat(a[l]))[0];
+  for (; i < n; ++i) r = c(splat(r), splat(x[i]))[0];
+  return r;
+}
+
+inline vf v_max_nan(vf a, vf b) { return v_max(a, b); }
+inline vf v_min_nan(vf a, vf b) { return v_min(a, b); }
+
+void reduce_block(const float* in, float* out, int64_t red, int64_t inner, int64_t i0, int64_t i1, ReduceOp op) {
+  auto sum = [](vf a, vf b) { return a + b; };
+  if (inner == 1) {
+    for (int64_t i = i0; i < i1; ++i) {  // i1 - i0 <= 1 here
+      if (op == ReduceOp::Sum) {
+        float total = 0;
+        for (int64_t r = 0; r < red; r += kSumBlock * 16)
+          total += reduce_contiguous(in + r, std::min(kSumBlock * 16, red - r), 0.f, sum);
+        out[i - i0] = total;
+      } else {
+        out[i - i0] = op == ReduceOp::Max ? reduce_contiguous(in, red, -__builtin_inff(), v_max_nan)
+                                          : reduce_contiguous(in, red, __builtin_inff(), v_min_nan);
+      }
+    }
+    return;
+  }
+  // Columns in vectors: each output vector accumulates over the rows.
+  auto columns = [&](int64_t c0, int64_t width) {
+    auto load = [&](int64_t r) { return width == kLanes ? loadu(in + r * inner + c0) : load_partial(in + r * inner + c0, width); };
+    vf acc;
+    if (op == ReduceOp::Sum) {
+      acc = splat(0.f);
+      for (int64_t r0 = 0; r0 < red; r0 += kSumBlock) {
+        vf part = splat(0.f);
+        for (int64_t r = r0; r < std::min(red, r0 + kSumBlock); ++r) part += load(r);
+        acc += part;
+      }
+    } else {
+      acc = load(0);
+      for (int64_t r = 1; r < red; ++r) acc = op == ReduceOp::Max ? v_max(acc, load(r)) : v_min(acc, load(r));
+    }
+    if (width == kLanes) {
+      storeu(out + c0 - i0, acc);
+    } else {
+      store_partial(out + c0 - i0, acc, width);
+    }
+  };
+  int64_t c = i0;
+  for (; c + kLanes <= i1; c += kLanes) columns(c, kLanes);
+  if (c < i1) columns(c, i1 - c);
+}
+
 }  // namespace
 
 const IsaKernels& TC_ISA_KERNELS() {
-  static const IsaKernels k{&run_tile, &softmax_rows, &layer_norm_rows};
+  static const IsaKernels k{&run_tile, &softmax_rows, &layer_norm_rows, &reduce_block};
   return k;
 }
 

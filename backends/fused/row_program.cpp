@@ -4,6 +4,8 @@
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <cmath>
 #include <optional>
 
 namespace torchcompile::fused {
@@ -14,6 +16,9 @@ using ir::TensorMeta;
 using ir::Value;
 
 namespace {
+
+// Work below this many elements runs inline: an OpenMP region costs microseconds.
+constexpr int64_t kRowGrain = 32768;
 
 const TensorMeta& meta_of(const Value& v) { return v.node->output_meta().at(v.index); }
 
@@ -60,7 +65,42 @@ bool layer_norm_ok(const Node& n) {
   return eps.is_constant() && eps.constant().isDouble();
 }
 
-enum class RowKind { Softmax, LogSoftmax, LayerNorm, None };
+// sum / mean / amax / amin over one block of adjacent dimensions (all of them for an empty or
+// absent list), no dtype conversion. Returns the block [first, last] of reduced dimensions.
+std::optional<std::pair<int64_t, int64_t>> reduced_block(const Node& n) {
+  auto x = float_arg(n, 0);
+  if (!x) return std::nullopt;
+  const int64_t rank = static_cast<int64_t>(meta_of(*x).sizes.size());
+  const std::string& t = n.target();
+  std::vector<int64_t> dims;
+  if (t != "aten::sum") {  // sum(self, dtype) reduces everything
+    const auto& d = n.args().at(1);
+    if (!d.is_constant()) return std::nullopt;
+    if (d.constant().isIntList()) {
+      dims = d.constant().toIntVector();
+    } else if (!d.constant().isNone()) {
+      return std::nullopt;
+    }
+  }
+  // dtype: argument 1 of sum(self, dtype), 3 of sum.dim_IntList / mean.dim; amax / amin have none.
+  const size_t dtype_arg = t == "aten::sum" ? 1 : (t == "aten::amax" || t == "aten::amin") ? 0 : 3;
+  if (dtype_arg && !is_none(n, dtype_arg)) return std::nullopt;
+  if (dims.empty()) {
+    if (t == "aten::amax" || t == "aten::amin") return std::nullopt;  // an empty list is an error there
+    if (rank == 0) return std::nullopt;
+    return std::make_pair<int64_t, int64_t>(0, rank - 1);
+  }
+  for (auto& d : dims) {
+    if (d < 0) d += rank;
+    if (d < 0 || d >= rank) return std::nullopt;
+  }
+  std::sort(dims.begin(), dims.end());
+  for (size_t i = 1; i < dims.size(); ++i)
+    if (dims[i] != dims[i - 1] + 1) return std::nullopt;  // repeated, or not one block
+  return std::make_pair(dims.front(), dims.back());
+}
+
+enum class RowKind { Softmax, LogSoftmax, LayerNorm, Reduce, None };
 
 RowKind row_kind(const Node& n) {
   if (n.kind() != NodeKind::CallFunction || n.num_outputs() != 1) return RowKind::None;
@@ -71,6 +111,9 @@ RowKind row_kind(const Node& n) {
   if (t == "aten::log_softmax.int" || t == "aten::_log_softmax")
     return softmax_ok(n) ? RowKind::LogSoftmax : RowKind::None;
   if (t == "aten::layer_norm") return layer_norm_ok(n) ? RowKind::LayerNorm : RowKind::None;
+  if (t == "aten::sum" || t == "aten::sum.dim_IntList" || t == "aten::mean.dim" || t == "aten::amax" ||
+      t == "aten::amin")
+    return reduced_block(n) ? RowKind::Reduce : RowKind::None;
   return RowKind::None;
 }
 
@@ -112,6 +155,7 @@ std::shared_ptr<const RowProgram> RowProgram::build(const ir::GraphModule& gm, s
     case RowKind::Softmax: p->kind_ = Kind::Softmax; break;
     case RowKind::LogSoftmax: p->kind_ = Kind::LogSoftmax; break;
     case RowKind::LayerNorm: p->kind_ = Kind::LayerNorm; break;
+    case RowKind::Reduce: p->kind_ = Kind::Reduce; break;
     case RowKind::None: return fail("not a row operation");
   }
   p->x_ = source_of(0);
@@ -120,10 +164,21 @@ std::shared_ptr<const RowProgram> RowProgram::build(const ir::GraphModule& gm, s
     if (!is_none(*op, 2)) p->weight_ = source_of(2);
     if (!is_none(*op, 3)) p->bias_ = source_of(3);
     p->eps_ = static_cast<float>(op->args().at(4).constant().toDouble());
+  } else if (p->kind_ == Kind::Reduce) {
+    const auto [first, last] = *reduced_block(*op);
+    const auto& sizes = p->x_.sizes;
+    p->outer_ = p->cols_ = p->inner_ = 1;
+    for (int64_t d = 0; d < static_cast<int64_t>(sizes.size()); ++d)
+      (d < first ? p->outer_ : d > last ? p->inner_ : p->cols_) *= sizes[d];
+    const std::string& t = op->target();
+    p->reduce_ = t == "aten::amax" ? ReduceOp::Max : t == "aten::amin" ? ReduceOp::Min : ReduceOp::Sum;
+    p->mean_ = t == "aten::mean.dim";
+    p->name_ = t.substr(6, t.find('.') == std::string::npos ? std::string::npos : t.find('.') - 6);
+    p->out_sizes_ = op->output_meta()[0].sizes;
   } else {
     p->cols_ = p->x_.sizes.back();
   }
-  if (p->cols_ == 0) return fail("its rows are empty");
+  if (p->cols_ == 0 || p->outer_ * p->inner_ == 0) return fail("it reduces or returns an empty tensor");
   p->isa_ = selected_isa();
   p->kernels_ = &kernels_of(p->isa_);
   return p;
@@ -131,6 +186,7 @@ std::shared_ptr<const RowProgram> RowProgram::build(const ir::GraphModule& gm, s
 
 std::vector<at::Tensor> RowProgram::run(const std::vector<at::Tensor>& inputs) const {
   const at::Tensor x = x_.resolve(inputs, "the input").contiguous();
+  if (kind_ == Kind::Reduce) return std::vector<at::Tensor>(num_outputs_, reduce(x));
   at::Tensor w, b;
   if (weight_.present) w = weight_.resolve(inputs, "the weight").contiguous();
   if (bias_.present) b = bias_.resolve(inputs, "the bias").contiguous();
@@ -147,8 +203,8 @@ std::vector<at::Tensor> RowProgram::run(const std::vector<at::Tensor>& inputs) c
       kernels_->softmax_rows(in + begin * cols, o + begin * cols, end - begin, cols, kind_ == Kind::LogSoftmax);
     }
   };
-  // Inline below 32768 elements: an OpenMP region costs microseconds.
-  const int64_t grain = std::max<int64_t>(1, 32768 / cols);
+  // Inline below kRowGrain elements: an OpenMP region costs microseconds.
+  const int64_t grain = std::max<int64_t>(1, kRowGrain / cols);
   if (rows <= grain) {
     body(0, rows);
   } else {
@@ -157,7 +213,57 @@ std::vector<at::Tensor> RowProgram::run(const std::vector<at::Tensor>& inputs) c
   return std::vector<at::Tensor>(num_outputs_, out);
 }
 
+// One task per (outer slice, chunk of at least 256 columns); a full reduction of one long column
+// (outer = inner = 1) is split along the column instead, partial results combined.
+at::Tensor RowProgram::reduce(const at::Tensor& x) const {
+  at::Tensor out = at::empty(out_sizes_, x.options());
+  const float* in = x.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  const int64_t red = cols_, inner = inner_, outer = outer_;
+  const auto kernel = kernels_->reduce_block;
+  const ReduceOp op = reduce_;
+  const float scale = mean_ ? static_cast<float>(red) : 1.f;
+  const int64_t total = outer * red * inner;
+  if (outer * inner == 1 && total > kRowGrain) {
+    const int64_t grain = kRowGrain;
+    const float ident = op == ReduceOp::Sum ? 0.f : op == ReduceOp::Max ? -INFINITY : INFINITY;
+    *o = at::parallel_reduce(
+        0, red, grain, ident,
+        [&](int64_t b, int64_t e, float) {
+          float r;
+          kernel(in + b, &r, e - b, 1, 0, 1, op);
+          return r;
+        },
+        [op](float a, float b) {
+          if (op == ReduceOp::Sum) return a + b;
+          if (a != a || b != b) return a != a ? a : b;
+          return op == ReduceOp::Max ? std::max(a, b) : std::min(a, b);
+        });
+  } else {
+    const int64_t chunk = inner == 1 ? 1 : std::max<int64_t>(256, inner / 8);
+    const int64_t chunks = (inner + chunk - 1) / chunk;
+    auto body = [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        const int64_t s = t / chunks, c0 = (t % chunks) * chunk, c1 = std::min(inner, c0 + chunk);
+        kernel(in + s * red * inner, o + s * inner + c0, red, inner, c0, c1, op);
+      }
+    };
+    const int64_t tasks = outer * chunks;
+    const int64_t grain = std::max<int64_t>(1, kRowGrain / std::max<int64_t>(1, red * chunk));
+    if (total <= kRowGrain) {
+      body(0, tasks);
+    } else {
+      at::parallel_for(0, tasks, grain, body);
+    }
+  }
+  if (mean_) out.div_(scale);
+  return out;
+}
+
 std::string RowProgram::describe() const {
+  if (kind_ == Kind::Reduce)
+    return "fused: " + name_ + " (" + std::to_string(outer_) + " x " + std::to_string(cols_) + " x " +
+           std::to_string(inner_) + ", " + to_string(isa_) + ")";
   const char* name = kind_ == Kind::Softmax ? "softmax" : kind_ == Kind::LogSoftmax ? "log_softmax" : "layer_norm";
   return std::string("fused: ") + name + " (rows of " + std::to_string(cols_) + ", " + to_string(isa_) + ")";
 }

@@ -1,6 +1,7 @@
 // Row operations of the `fused` backend: softmax and log-softmax over the last dimension, layer
 // normalization over the trailing dimensions, each run as one vectorized pass per row (reduce,
-// then the pointwise pass that uses the reduction) with the backend's own exp.
+// then the pointwise pass that uses the reduction) with the backend's own exp; and reductions
+// (sum, mean, amax, amin) over a block of adjacent dimensions.
 #pragma once
 
 #include "fused_program.h"
@@ -13,8 +14,9 @@ namespace torchcompile::fused {
 
 /// Whether `n` is a row operation the backend runs: `softmax.int` / `_softmax` / `log_softmax.int`
 /// / `_log_softmax` over the last dimension, `layer_norm` over the trailing dimensions (with
-/// optional weight and bias of the normalized shape); float32 CPU tensors, contiguous input and
-/// output, no dtype conversion.
+/// optional weight and bias of the normalized shape), `sum` / `sum.dim_IntList` / `mean.dim` /
+/// `amax` / `amin` over adjacent dimensions (any keepdim); float32 CPU tensors, contiguous input
+/// and output, no dtype conversion.
 bool row_fusible(const ir::Node& n);
 
 /// A graph of one row operation, compiled.
@@ -32,9 +34,16 @@ class RowProgram {
 
  private:
   RowProgram() = default;
-  enum class Kind { Softmax, LogSoftmax, LayerNorm };
+  enum class Kind { Softmax, LogSoftmax, LayerNorm, Reduce };
+  at::Tensor reduce(const at::Tensor& x) const;
 
   Kind kind_ = Kind::Softmax;
+  // Reduce: the input as (outer_, cols_, inner_), cols_ reduced.
+  int64_t outer_ = 1, inner_ = 1;
+  ReduceOp reduce_ = ReduceOp::Sum;
+  bool mean_ = false;
+  std::string name_;
+  std::vector<int64_t> out_sizes_;
   TensorSource x_, weight_, bias_;
   size_t num_outputs_ = 1;  // the graph returns the result this many times
   int64_t cols_ = 1;

@@ -49,6 +49,9 @@ struct TileInstr {
   float p0, p1;
 };
 
+/// Reductions of the row programs.
+enum class ReduceOp : uint8_t { Sum, Max, Min };
+
 /// The kernels of one ISA.
 struct IsaKernels {
   /// Runs `code` over one tile: every register in `regs` points at `n` floats (scratch registers
@@ -61,6 +64,10 @@ struct IsaKernels {
   /// times `weight` and plus `bias` (each `cols` floats, or null), rstd = 1 / sqrt(var + eps).
   void (*layer_norm_rows)(const float* in, float* out, const float* weight, const float* bias, int64_t rows,
                           int64_t cols, float eps);
+  /// Reduce a (red, inner) row-major block along its first dimension, for columns [i0, i1):
+  /// out[i - i0] = op over r of in[r * inner + i]. Max and min propagate NaN; a sum adds blocks of
+  /// rows first, then the blocks' sums.
+  void (*reduce_block)(const float* in, float* out, int64_t red, int64_t inner, int64_t i0, int64_t i1, ReduceOp op);
 };
 
 /// The kernels compiled for each ISA (kernels_avx512.cpp, kernels_avx2.cpp, kernels_sse2.cpp).

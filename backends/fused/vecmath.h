@@ -6,11 +6,17 @@
 // baseline, SSE2) and then includes this header. Everything is in an unnamed namespace: the same inline functions are
 // compiled for three ISAs in three translation units, and the linker must never merge them (internal linkage).
 //
-// Accuracy does not depend on the floating-point environment beyond the default (round to nearest, denormals not
-// flushed) nor on whether the compiler contracts a * b + c into a fused multiply-add: every algorithm below stays
-// within its bound both ways. The bounds are measured by test/backends/fused/test_vecmath.cpp over about 10^7 floats
-// spread over the whole float range (every 409th bit pattern) plus special values, against double-precision
-// references; the figures quoted here are its maxima over the three ISAs.
+// Maximum errors over all 2^32 floats, against double-precision references (measured exhaustively for the AVX-512
+// and the SSE2 builds; test/backends/fused/test_vecmath.cpp checks every 409th float and the special values on each
+// ISA, and asserts bounds just above these):
+//   exp 1.04 ULP   expm1 1.66   log 0.89   log1p 1.03   tanh 1.50   sigmoid 2.40   erf 1.09   sin 1.58   cos 1.57
+//   gelu_erf 2.91 (x >= -4 sqrt(2); 0 below, where |gelu| < 4.4e-8)   gelu_tanh 3.46   silu 3.39
+// The activations keep relative accuracy down to underflow. Accuracy does not depend on the floating-point
+// environment beyond the default (round to nearest, denormals not flushed) nor on whether the compiler contracts
+// a * b + c into fused multiply-adds: nothing relies on a rounding that contraction would remove.
+//
+// Cost, in vector instructions: exp, expm1 and log are one exp (about 16), sigmoid and silu 1.2 exp, tanh 1.5, log1p
+// and erf 2, sin, cos and the gelus 2.5 (sin, cos and gelu-tanh carry their argument reduction in double).
 //
 // The polynomial coefficients are weighted minimax fits (Remez exchange in mpmath, 50 digits), rounded to float one
 // coefficient at a time with the remaining ones refitted. Each is written as the fit printed it.
@@ -311,7 +317,7 @@ inline vf sincos(vf x, int offset) {
 
 // exp(x): Cody-Waite reduction x = n ln2 + r, exp(r) = 1 + r + r^2 P(r), then 2^n applied as two factors 2^(n/2) and
 // 2^(n - n/2) so that results in the denormal range are rounded once and overflow gives inf. Clamping x to
-// [-104, 89] makes exp(-inf) = 0 and exp(+inf) = inf.
+// [-104, 89] makes exp(-inf) = 0 and exp(+inf) = inf. Max error 1.04 ULP.
 inline vf v_exp(vf x) {
   using namespace vecmath_detail;
   x = x < -104.f ? splat(-104.f) : x;  // NaN compares false and stays
@@ -325,6 +331,7 @@ inline vf v_exp(vf x) {
 // expm1(x) = 2^n (1 + s) - 1 with s = expm1(r), evaluated as 2 (v s + (v - 1/2)), v = 2^(n-1), which is exact for
 // n = 0 (the result is then s, accurate near 0) and can reach the overflow threshold without overflowing early. x is
 // clamped to [-18, 89] (expm1 rounds to -1 below -17.4); |x| < 2^-25 returns x (also gives -0 and denormals).
+// Max error 1.66 ULP.
 inline vf v_expm1(vf x) {
   using namespace vecmath_detail;
   vf xc = x < -18.f ? splat(-18.f) : x;
@@ -338,7 +345,7 @@ inline vf v_expm1(vf x) {
 
 // log(x): x = 2^e m with m in [sqrt(1/2), sqrt(2)), log(m) = f + f^2 Q(f) with f = m - 1 (exact), plus e ln2 in two
 // parts. Lanes that are not positive normal finite (denormals are scaled by 2^23 first) take a slower path only when
-// present.
+// present. Max error 0.89 ULP.
 inline vf v_log(vf x) {
   using namespace vecmath_detail;
   const vi normal = (x >= 0x1p-126f) & (x <= 3.40282347e+38f);
@@ -354,7 +361,7 @@ inline vf v_log(vf x) {
 
 // log1p(x): u = 1 + x rounded, with its rounding error c (two-sum); u = 2^e (1 + f) as in log, and
 // log1p(x) = e ln2 + log(1 + f) + d / (1 + f), d = c 2^-e, 1 / (1 + f) ~ 1 - f + f^2 (d is below an ulp of 1 + f).
-// Near 0 (e = 0) f + d is x exactly.
+// Near 0 (e = 0) f + d is x exactly. Max error 1.03 ULP.
 inline vf v_log1p(vf x) {
   using namespace vecmath_detail;
   const vi ok = (x > -1.f) & (x <= 3.40282347e+38f);
@@ -377,7 +384,7 @@ inline vf v_log1p(vf x) {
 
 // tanh(x): for a = |x| < 0.375, a + a^3 P(a^2) (relative error of the fit 2^-29.9); above, E / (E + 2) with
 // E = expm1(2a) = 2^n s + (2^n - 1) (no cancellation: E + 2 >= 3.1); a is clamped to 9.1, above which tanh rounds to
-// 1. The sign of x is put back.
+// 1. The sign of x is put back. Max error 1.50 ULP.
 inline vf v_tanh(vf x) {
   using namespace vecmath_detail;
   vf a = abs(x);
@@ -391,7 +398,8 @@ inline vf v_tanh(vf x) {
   return or_bits(a < 0.375f ? small : e / (e + 2.f), sign_bit(x));
 }
 
-// sigmoid(x) = 1 / (1 + e) for x >= 0 and e / (1 + e) for x < 0, e = exp(-|x|) (no overflow, no cancellation).
+// sigmoid(x) = 1 / (1 + e) for x >= 0 and e / (1 + e) for x < 0, e = exp(-|x|) (no overflow, no cancellation), scaled
+// by 2^64 so that results down to the smallest denormal are rounded once. Max error 2.40 ULP.
 inline vf v_sigmoid(vf x) {
   using namespace vecmath_detail;
   const vf e64 = exp_neg_scaled(abs(x));
@@ -399,13 +407,14 @@ inline vf v_sigmoid(vf x) {
   return num / (e64 * 0x1p-64f + 1.f) * 0x1p-64f;
 }
 
-// silu(x) = x sigmoid(x).
+// silu(x) = x sigmoid(x), as sigmoid. Max error 3.39 ULP.
 inline vf v_silu(vf x) {
   using namespace vecmath_detail;
   return x_sigmoid(x, exp_neg_scaled(abs(x)), x < 0.f);
 }
 
 // erf(x): a + a P(a^2) for a = |x| < 0.875, 1 - exp(R(a)) above (R approximates log(erfc)); the sign of x is put back.
+// Max error 1.09 ULP.
 inline vf v_erf(vf x) {
   using namespace vecmath_detail;
   const vf a = abs(x);
@@ -415,7 +424,8 @@ inline vf v_erf(vf x) {
 
 // gelu(x) = x/2 (1 + erf(x / sqrt(2))): below |x| = 0.875 sqrt(2) with erf's small-argument polynomial, above with
 // erfc(|x| / sqrt(2)) computed directly (gelu_erfc), so that for x < 0 there is no cancellation in 1 + erf. Below
-// x = -4 sqrt(2) the result is -0 (|gelu| < 4.4e-8 there; ATen's float formula also gives 0 from x ~ -5.5).
+// x = -4 sqrt(2) the result is -0 (|gelu| < 4.4e-8 there; ATen's float formula also gives 0 from x ~ -5.5). Max error
+// 2.91 ULP above.
 inline vf v_gelu_erf(vf x) {
   using namespace vecmath_detail;
   const vf ax = abs(x);
@@ -431,12 +441,15 @@ inline vf v_gelu_erf(vf x) {
 }
 
 // gelu with the tanh approximation: x/2 (1 + tanh(u)) = x sigmoid(2u), 2u = sqrt(8/pi) (x + 0.044715 x^3), with the
-// exponent in double (gelu_tanh_e64).
+// exponent in double (gelu_tanh_e64). Max error 3.46 ULP.
 inline vf v_gelu_tanh(vf x) {
   using namespace vecmath_detail;
   return x_sigmoid(x, gelu_tanh_e64(x), x < 0.f);
 }
 
+// sin(x), cos(x): x = n pi/2 + r reduced in double (exact to about 2^-54 for |x| < 5e7, so results near the zeros keep
+// their relative precision), then r rounded to float and the polynomials on [-pi/4, pi/4] of the quadrant. Lanes with
+// |x| > 5e7 (there only when present) are computed by std::sin / std::cos, lane by lane. Max errors 1.58 and 1.57 ULP.
 inline vf v_sin(vf x) { return vecmath_detail::sincos(x, 0); }
 inline vf v_cos(vf x) { return vecmath_detail::sincos(x, 1); }
 

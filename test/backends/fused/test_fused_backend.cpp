@@ -140,7 +140,8 @@ TEST_P(FusedOps, EachOperatorMatchesEager) {
 }
 
 // Row operations: softmax and log-softmax over the last dimension, layer_norm over the trailing
-// dimensions with and without weight and bias, with special values in some rows.
+// dimensions with and without weight and bias, reductions over blocks of adjacent dimensions, with
+// special values in some rows.
 TEST_P(FusedOps, RowOperationsMatchEager) {
   ScopedEnv isa("TORCHCOMPILE_ISA", GetParam());
   torch::manual_seed(3);
@@ -153,6 +154,16 @@ TEST_P(FusedOps, RowOperationsMatchEager) {
       {"layer_norm_affine",
        [=](const torch::Tensor& x) { return F::layer_norm(x, F::LayerNormFuncOptions({37}).weight(ln_w).bias(ln_b)); }},
       {"layer_norm_2d", [](const torch::Tensor& x) { return F::layer_norm(x, F::LayerNormFuncOptions({5, 37}).eps(1e-3)); }},
+      {"sum_last", [](const torch::Tensor& x) { return x.sum(-1); }},
+      {"sum_first_keepdim", [](const torch::Tensor& x) { return x.sum(0, /*keepdim=*/true); }},
+      {"sum_middle", [](const torch::Tensor& x) { return x.sum(1); }},
+      {"sum_trailing", [](const torch::Tensor& x) { return x.sum({1, 2}); }},
+      {"sum_all", [](const torch::Tensor& x) { return x.sum(); }},
+      {"mean_last_keepdim", [](const torch::Tensor& x) { return x.mean(-1, /*keepdim=*/true); }},
+      {"mean_leading", [](const torch::Tensor& x) { return x.mean(std::vector<int64_t>{0, 1}); }},
+      {"amax_last", [](const torch::Tensor& x) { return x.amax(-1); }},
+      {"amax_first", [](const torch::Tensor& x) { return x.amax(0); }},
+      {"amin_middle", [](const torch::Tensor& x) { return x.amin(1, /*keepdim=*/true); }},
   };
   for (const auto& [name, f] : cases) {
     SCOPED_TRACE(name);
@@ -309,7 +320,7 @@ TEST(FusedBackend, PartitionsAroundOperatorsItDoesNotLower) {
 
 TEST(FusedBackend, DeclinesWhatItCannotFuseWithAReason) {
   torch::NoGradGuard no_grad;
-  auto e = torchcompile::explain("fused", [](torch::Tensor x) { return x.sum(0); }, torch::randn({4, 4}));
+  auto e = torchcompile::explain("fused", [](torch::Tensor x) { return torch::cumsum(x, 0); }, torch::randn({4, 4}));
   ASSERT_EQ(e.compiled.size(), 1u);
   EXPECT_EQ(e.compiled[0].backend, "interpreter");
   EXPECT_NE(e.str().find("no operator of the graph is one that fused compiles"), std::string::npos) << e;
