@@ -76,6 +76,14 @@ inline void map2(float* d, const float* a, const float* b, int64_t n, F f) {
   if (i < n) store_partial(d + i, f(load_partial(a + i, n - i), load_partial(b + i, n - i)), n - i);
 }
 
+// gelu (erf form) by ATen's own formula, x / 2 (1 + erf(x / sqrt(2))), with our erf: 1.5x faster
+// than vecmath's v_gelu_erf (which computes erfc directly and stays accurate in relative terms
+// in the negative tail) and as accurate as eager's result there (absolute error about
+// 6e-8 |x| where 1 + erf cancels, below x = -3).
+inline vf v_gelu_erf_formula(vf x) {
+  return splat(0.5f) * x * (splat(1.f) + v_erf(x * splat(0.70710678118654752f)));
+}
+
 // gelu'(x) for the erf form, as ATen's gelu_backward: cdf(x) + x * pdf(x).
 inline vf v_gelu_erf_grad(vf x) {
   const vf cdf = splat(0.5f) * (splat(1.f) + v_erf(x * splat(0.70710678118654752f)));
@@ -108,7 +116,7 @@ void run_tile(const TileInstr* code, size_t count, float* const* regs, int64_t n
       case TileOp::Sin: map1(d, a, n, [](vf x) { return v_sin(x); }); break;
       case TileOp::Cos: map1(d, a, n, [](vf x) { return v_cos(x); }); break;
       case TileOp::Erf: map1(d, a, n, [](vf x) { return v_erf(x); }); break;
-      case TileOp::GeluErf: map1(d, a, n, [](vf x) { return v_gelu_erf(x); }); break;
+      case TileOp::GeluErf: map1(d, a, n, [](vf x) { return v_gelu_erf_formula(x); }); break;
       case TileOp::GeluTanh: map1(d, a, n, [](vf x) { return v_gelu_tanh(x); }); break;
       case TileOp::Silu: map1(d, a, n, [](vf x) { return v_silu(x); }); break;
       case TileOp::Square: map1(d, a, n, [](vf x) { return x * x; }); break;

@@ -155,10 +155,10 @@ std::vector<at::Tensor> CompiledFunction::run_entry(const CompiledEntry& entry, 
   // A call may reach a branch value with no compiled continuation; then the forward runs again
   // from the start, so what the segments change outside their own values is saved first.
   StateSnapshot snapshot;
-  auto rerun = [&](bool record) {
+  auto rerun = [&](bool record, BranchPoint* missed_at = nullptr, const std::vector<c10::IValue>* missed_key = nullptr) {
     // The state as it was when the call began: the forward's run is then eager's own.
     snapshot.restore();
-    return retrace_branch(entry, args, record, forward, spec);
+    return retrace_branch(entry, args, record, forward, spec, missed_at, missed_key);
   };
   std::vector<at::Tensor> env = args.tensors;
   std::vector<const Segment*> path;
@@ -193,7 +193,7 @@ std::vector<at::Tensor> CompiledFunction::run_entry(const CompiledEntry& entry, 
         next = seg->branch->find(key);
         closed = seg->branch->closed;
       }
-      if (!next) return rerun(/*record=*/!closed);
+      if (!next) return rerun(/*record=*/!closed, seg->branch.get(), &key);
     }
     seg = next;
   }
@@ -202,7 +202,9 @@ std::vector<at::Tensor> CompiledFunction::run_entry(const CompiledEntry& entry, 
 // ---- retracing a branch ---------------------------------------------------------------------
 
 std::vector<at::Tensor> CompiledFunction::retrace_branch(const CompiledEntry& entry, const CallArgs& args, bool record,
-                                                         const ForwardFn& forward, OutputSpec& spec) {
+                                                         const ForwardFn& forward, OutputSpec& spec,
+                                                         BranchPoint* missed_at,
+                                                         const std::vector<c10::IValue>* missed_key) {
   if (!record) {
     // A branch point past its limit got yet another value: running the compiled prefix and
     // then the whole forward again costs more than eager, so from now on this entry is eager.
@@ -250,6 +252,10 @@ std::vector<at::Tensor> CompiledFunction::retrace_branch(const CompiledEntry& en
         if (bp.children.size() >= options_.cache_size_limit) bp.closed = true;
         break;
       }
+      // The compiled segments read another value here than the eager forward (their results
+      // differ from ATen's in the last bits): that value goes where the eager one did.
+      if (&bp == missed_at && missed_key && !capture::same_key(*missed_key, records[i].branch->key))
+        bp.remember(*missed_key, known);
       if (!same_segment(*known, records[i + 1], key_of_next)) {
         first_new = records.size() + 1;  // the same values led elsewhere: host state
         break;
@@ -280,6 +286,7 @@ std::vector<at::Tensor> CompiledFunction::retrace_branch(const CompiledEntry& en
   Segment* head = chain.get();
   attach->children.push_back(std::move(chain));
   attach->remember(key, head);
+  if (attach == missed_at && missed_key && !capture::same_key(*missed_key, key)) attach->remember(*missed_key, head);
   return traced.outputs;
 }
 

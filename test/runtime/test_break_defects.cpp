@@ -3,6 +3,8 @@
 // under `eager`, `aot_eager` and `default`.
 #include "support/test_util.h"
 
+#include <torchcompile/ir/interpreter.h>
+
 using tc_test::tensors_close;
 using tc_test::tensors_equal;
 
@@ -425,3 +427,39 @@ INSTANTIATE_TEST_SUITE_P(Backends, BreakDefects, ::testing::Values("eager", "aot
 
 }  // namespace
 
+
+namespace {
+
+// A backend whose results differ from ATen's in the last bits (as the fused backend's reductions
+// and onednn's GEMMs do): the graph, then every floating output nudged by one part in 1e7.
+torchcompile::CompiledFn last_bits_backend(torchcompile::GraphModule& gm, const std::vector<at::Tensor>&) {
+  auto run = torchcompile::ir::interpreter_fn(gm);
+  return [run](std::vector<at::Tensor> inputs) {
+    auto outs = run(std::move(inputs));
+    for (auto& t : outs)
+      if (t.defined() && t.is_floating_point()) t = t * (1 + 1e-7);
+    return outs;
+  };
+}
+
+// A float read at a graph break: the compiled value differs from the one the eager trace read.
+// The continuation the eager value took is kept for the compiled value, so later calls with the
+// same inputs run compiled instead of running the forward again every time.
+TEST(BreakOnFloat, CompiledValueThatDiffersFromEagersInTheLastBitsIsRemembered) {
+  torch::NoGradGuard no_grad;
+  int forward_runs = 0;
+  auto toy = [&forward_runs](torch::Tensor a, torch::Tensor b) {
+    ++forward_runs;  // host code: runs only when the forward runs (trace or retrace)
+    auto x = a / (torch::abs(a) + 1);
+    if (b.sum().item<float>() < 0) b = b * -1;
+    return x * b;
+  };
+  auto fast = torch::compile(toy, torchcompile::Backend(&last_bits_backend));
+  torch::manual_seed(0);
+  auto a = torch::randn({10}), b = torch::randn({10});
+  for (int i = 0; i < 10; ++i) EXPECT_TRUE(tensors_close(toy(a, b), fast(a, b), 1e-5, 1e-6));
+  // 10 eager calls; the compiled object traced once and retraced once (its value missed).
+  EXPECT_LE(forward_runs, 10 + 2);
+}
+
+}  // namespace

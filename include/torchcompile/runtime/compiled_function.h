@@ -59,6 +59,7 @@ struct OutputSpec {
 
 class GuardSet;
 struct Segment;
+struct BranchPoint;
 
 /// Runs the user's forward (eagerly, or under the tracer set up by the caller) and returns its
 /// flattened outputs, recording the result's shape in the OutputSpec.
@@ -143,9 +144,15 @@ class CompiledFunction {
                                     OutputSpec& spec);
   /// A branch value with no compiled continuation, the state put back as it was when the call
   /// began: run the forward again, traced (the new continuation joins the tree) or, if `record`
-  /// is false, eagerly (trace_tree.cpp).
+  /// is false, eagerly (trace_tree.cpp). `missed_at` and `missed_key` are the branch point where
+  /// the compiled segments' value found no continuation, and that value: when the eager forward
+  /// reads another value there (a backend's result differs from ATen's in the last bits), the
+  /// compiled value is remembered for the continuation the eager one took, or every later call
+  /// with these inputs would miss and run the forward again.
   std::vector<at::Tensor> retrace_branch(const CompiledEntry& entry, const CallArgs& args, bool record,
-                                         const ForwardFn& forward, OutputSpec& spec);
+                                         const ForwardFn& forward, OutputSpec& spec,
+                                         BranchPoint* missed_at = nullptr,
+                                         const std::vector<c10::IValue>* missed_key = nullptr);
 
   CompileOptions options_;
   std::shared_ptr<torch::nn::Module> root_;
