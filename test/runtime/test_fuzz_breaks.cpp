@@ -302,6 +302,12 @@ std::string check_program(const std::string& backend, uint64_t seed, int calls) 
   if (!p.grad) no_grad.emplace();
   auto fast = torch::compile(compiled_net, backend);
   const bool exact = backend == "eager";
+  // Backends with kernels of their own (fused's reductions and math, onednn's GEMMs) differ from
+  // ATen in the last bits, which sums of values that are 0 up to rounding (the mean of a BatchNorm
+  // output, accumulated into a buffer call after call) show at the 1e-6 level: the parity suite's
+  // tolerance for such backends.
+  const bool own_kernels = backend == "fused" || backend == "default";
+  const double rtol = own_kernels ? 1e-4 : 1e-5, atol = own_kernels ? 1e-5 : 1e-6;
   std::mt19937_64 values(seed * 7919 + 1);
   for (int call = 0; call < calls; ++call) {
     // Branch values: new ones early, repeats later (known continuations).
@@ -336,7 +342,7 @@ std::string check_program(const std::string& backend, uint64_t seed, int calls) 
     auto compiled_next = torch::rand({2});
 
     auto same = [&](const torch::Tensor& e, const torch::Tensor& a) {
-      return exact ? tensors_equal(e, a) : tensors_close(e, a, 1e-5, 1e-6);
+      return exact ? tensors_equal(e, a) : tensors_close(e, a, rtol, atol);
     };
     std::ostringstream why;
     if (expected.size() != actual.size()) why << "output count " << actual.size() << " vs " << expected.size();
