@@ -10,13 +10,11 @@ namespace torchcompile::backends {
 
 namespace {
 
-const char* const kGradReason = "grad mode is enabled and an input or parameter requires grad";
-
 // One part as one program: a run of pointwise operators (fused::FusedProgram) or one row
 // operation (fused::RowProgram).
 template <class Program>
 CompiledFn compile_program(GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
-  if (needs_autograd(gm, example_inputs)) return decline(kGradReason);
+  if (needs_autograd(gm, example_inputs)) return decline(kNeedsAutogradReason);
   std::string why;
   auto program = Program::build(gm, &why);
   if (!program) return decline(why);
@@ -28,7 +26,7 @@ CompiledFn compile_program(GraphModule& gm, const std::vector<at::Tensor>& examp
 Claim claim_of(bool (*supported)(const ir::Node&)) {
   return [supported](const GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
     if (needs_autograd(gm, example_inputs)) {
-      decline(kGradReason);
+      decline(kNeedsAutogradReason);
       return std::unordered_set<const ir::Node*>{};
     }
     return claim_if(supported)(gm, example_inputs);
@@ -46,7 +44,7 @@ CompiledFn fused_backend(GraphModule& gm, const std::vector<at::Tensor>& example
   static const Backend backend = partitioned_backend(
       {{"fused", claim_of(&fused::fusible), &compile_program<fused::FusedProgram>},
        {"fused", claim_of(&fused::row_fusible), &compile_program<fused::RowProgram>}});
-  if (needs_autograd(gm, example_inputs)) return decline(kGradReason);
+  if (needs_autograd(gm, example_inputs)) return decline(kNeedsAutogradReason);
   return backend(gm, example_inputs);
 }
 

@@ -1490,8 +1490,6 @@ std::shared_ptr<Program> Compiler::build() {
 
 }  // namespace
 
-const char* const kGradReason = "grad mode is enabled and an input or parameter requires grad";
-
 Compiled compile(GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
   Compiled result;
   auto decline_graph = [&](std::string reason) {
@@ -1501,7 +1499,7 @@ Compiled compile(GraphModule& gm, const std::vector<at::Tensor>& example_inputs)
     result.fused.clear();
     return result;
   };
-  if (needs_autograd(gm, example_inputs)) return decline_graph(kGradReason);
+  if (needs_autograd(gm, example_inputs)) return decline_graph(kNeedsAutogradReason);
   for (const auto& n : gm.graph().nodes())
     if (n->kind() == NodeKind::CallModule) return decline_graph("the graph has call_module nodes");
   try {
@@ -1524,7 +1522,7 @@ Compiled compile(GraphModule& gm, const std::vector<at::Tensor>& example_inputs)
 
 std::unordered_set<const Node*> claim(const GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
   if (needs_autograd(gm, example_inputs)) {
-    decline(kGradReason);
+    decline(kNeedsAutogradReason);
     return {};
   }
   for (const auto& n : gm.graph().nodes())

@@ -106,6 +106,8 @@ PartitionBackend partition_backend(const std::string& name) {
   return b;
 }
 
+const char* const kNeedsAutogradReason = "grad mode is enabled and an input or parameter requires grad";
+
 bool needs_autograd(const GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
   if (!at::GradMode::is_enabled()) return false;
   for (const auto& t : example_inputs)

@@ -57,4 +57,7 @@ PartitionBackend partition_backend(const std::string& name);
 /// or attribute requires grad. Backends whose kernels record no autograd graph decline then.
 bool needs_autograd(const GraphModule& gm, const std::vector<at::Tensor>& example_inputs);
 
+/// The decline reason for such a graph (one wording for every backend that declines it).
+extern const char* const kNeedsAutogradReason;
+
 }  // namespace torchcompile
