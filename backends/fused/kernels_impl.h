@@ -18,7 +18,9 @@
 
 #include <immintrin.h>
 
+#include <array>
 #include <cmath>
+#include <utility>
 
 namespace torchcompile::fused {
 namespace {
@@ -76,20 +78,48 @@ inline void map2(float* d, const float* a, const float* b, int64_t n, F f) {
   if (i < n) store_partial(d + i, f(load_partial(a + i, n - i), load_partial(b + i, n - i)), n - i);
 }
 
-// gelu (erf form) by ATen's own formula, x / 2 (1 + erf(x / sqrt(2))), with our erf: 1.5x faster
-// than vecmath's v_gelu_erf (which computes erfc directly and stays accurate in relative terms
-// in the negative tail) and as accurate as eager's result there (absolute error about
-// 6e-8 |x| where 1 + erf cancels, below x = -3).
-inline vf v_gelu_erf_formula(vf x) {
-  return splat(0.5f) * x * (splat(1.f) + v_erf(x * splat(0.70710678118654752f)));
-}
-
 // gelu'(x) for the erf form, as ATen's gelu_backward: cdf(x) + x * pdf(x).
 inline vf v_gelu_erf_grad(vf x) {
   const vf cdf = splat(0.5f) * (splat(1.f) + v_erf(x * splat(0.70710678118654752f)));
   const vf pdf = v_exp(splat(-0.5f) * x * x) * splat(0.39894228040143268f);
   return cdf + x * pdf;
 }
+
+template <class F>
+inline void map3(float* d, const float* a, const float* b, const float* c, int64_t n, F f) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) storeu(d + i, f(loadu(a + i), loadu(b + i), loadu(c + i)));
+  if (i < n) {
+    store_partial(d + i, f(load_partial(a + i, n - i), load_partial(b + i, n - i), load_partial(c + i, n - i)), n - i);
+  }
+}
+
+template <Arith Op>
+inline vf arith(vf x, vf y) {
+  if constexpr (Op == Arith::Add) return x + y;
+  if constexpr (Op == Arith::Sub) return x - y;
+  if constexpr (Op == Arith::Mul) return x * y;
+  return x / y;
+}
+
+// d = (a op1 b) op2 c, or c op2 (a op1 b).
+template <int Code>
+void arith2(float* d, const float* a, const float* b, const float* c, int64_t n) {
+  constexpr Arith op1 = static_cast<Arith>(Code / 8), op2 = static_cast<Arith>(Code / 2 % 4);
+  constexpr bool t_right = Code % 2;
+  map3(d, a, b, c, n, [](vf x, vf y, vf z) {
+    vf t = arith<op1>(x, y);
+    __asm__("" : "+x"(t));  // t is rounded: the compiler may not contract it into an FMA
+    return t_right ? arith<op2>(z, t) : arith<op2>(t, z);
+  });
+}
+
+using Arith2Fn = void (*)(float*, const float*, const float*, const float*, int64_t);
+template <int... Codes>
+constexpr std::array<Arith2Fn, sizeof...(Codes)> arith2_table(std::integer_sequence<int, Codes...>) {
+  return {&arith2<Codes>...};
+}
+constexpr auto kArith2 = arith2_table(std::make_integer_sequence<int, kArith2Variants>{});
 
 void run_tile(const TileInstr* code, size_t count, float* const* regs, int64_t n) {
   for (size_t k = 0; k < count; ++k) {
@@ -103,7 +133,7 @@ void run_tile(const TileInstr* code, size_t count, float* const* regs, int64_t n
       case TileOp::Neg: map1(d, a, n, [](vf x) { return -x; }); break;
       case TileOp::Abs: map1(d, a, n, [](vf x) { return (vf)((vi)x & 0x7fffffff); }); break;
       // NaN stays NaN (NaN < 0 is false), as ATen's clamp_min(0).
-      case TileOp::Relu: map1(d, a, n, [=](vf x) { return x < zero ? zero : x; }); break;
+      case TileOp::Relu: map1(d, a, n, [=](vf x) { return lower_clamp(x, zero); }); break;
       case TileOp::Sigmoid: map1(d, a, n, [](vf x) { return v_sigmoid(x); }); break;
       case TileOp::Tanh: map1(d, a, n, [](vf x) { return v_tanh(x); }); break;
       case TileOp::Exp: map1(d, a, n, [](vf x) { return v_exp(x); }); break;
@@ -116,7 +146,7 @@ void run_tile(const TileInstr* code, size_t count, float* const* regs, int64_t n
       case TileOp::Sin: map1(d, a, n, [](vf x) { return v_sin(x); }); break;
       case TileOp::Cos: map1(d, a, n, [](vf x) { return v_cos(x); }); break;
       case TileOp::Erf: map1(d, a, n, [](vf x) { return v_erf(x); }); break;
-      case TileOp::GeluErf: map1(d, a, n, [](vf x) { return v_gelu_erf_formula(x); }); break;
+      case TileOp::GeluErf: map1(d, a, n, [](vf x) { return v_gelu_erf(x); }); break;
       case TileOp::GeluTanh: map1(d, a, n, [](vf x) { return v_gelu_tanh(x); }); break;
       case TileOp::Silu: map1(d, a, n, [](vf x) { return v_silu(x); }); break;
       case TileOp::Square: map1(d, a, n, [](vf x) { return x * x; }); break;
@@ -132,12 +162,18 @@ void run_tile(const TileInstr* code, size_t count, float* const* regs, int64_t n
       case TileOp::LeakyRelu: map1(d, a, n, [=](vf x) { return x > zero ? x : x * p0; }); break;
       case TileOp::Clamp:
         map1(d, a, n, [=](vf x) {
-          vf r = x < p0 ? p0 : x;  // NaN compares false: kept
-          return r > p1 ? p1 : r;
+          return upper_clamp(lower_clamp(x, p0), p1);  // NaN kept
         });
         break;
       case TileOp::AddS: map1(d, a, n, [=](vf x) { return x + p0; }); break;
       case TileOp::MulS: map1(d, a, n, [=](vf x) { return x * p0; }); break;
+      case TileOp::MulAddS:
+        map1(d, a, n, [=](vf x) {
+          vf t = x * p0;
+          __asm__("" : "+x"(t));  // the product is rounded: the compiler may not contract it into an FMA
+          return t + p1;
+        });
+        break;
       case TileOp::RSubS: map1(d, a, n, [=](vf x) { return p0 - x; }); break;
       case TileOp::DivS: map1(d, a, n, [=](vf x) { return x / p0; }); break;
       case TileOp::RDivS: map1(d, a, n, [=](vf x) { return p0 / x; }); break;
@@ -152,6 +188,7 @@ void run_tile(const TileInstr* code, size_t count, float* const* regs, int64_t n
       case TileOp::SigmoidBackward: map2(d, a, b, n, [=](vf g, vf y) { return g * (one - y) * y; }); break;
       case TileOp::TanhBackward: map2(d, a, b, n, [=](vf g, vf y) { return g * (one - y * y); }); break;
       case TileOp::GeluErfBackward: map2(d, a, b, n, [](vf g, vf x) { return g * v_gelu_erf_grad(x); }); break;
+      case TileOp::Arith2: kArith2[in.sub](d, a, b, regs[in.c], n); break;
     }
   }
 }

@@ -24,6 +24,7 @@ enum class TileOp : uint16_t {
   Clamp,      ///< min(max(a, p0), p1), NaN kept; ±inf for a missing bound
   AddS,       ///< a + p0
   MulS,       ///< a * p0
+  MulAddS,    ///< (a * p0) + p1, rounded twice as the two ATen operations it replaces (no fused multiply-add)
   RSubS,      ///< p0 - a
   DivS,       ///< a / p0
   RDivS,      ///< p0 / a
@@ -39,13 +40,29 @@ enum class TileOp : uint16_t {
   SigmoidBackward,    ///< a * (1 - b) * b (b = sigmoid's output)
   TanhBackward,       ///< a * (1 - b * b) (b = tanh's output)
   GeluErfBackward,    ///< a * gelu'(b) (b = gelu's input, erf form)
+  // ternary: d = f(a, b, c)
+  Arith2,  ///< two arithmetic operations in one pass, `sub` says which (arith2_code): t = a op1 b, then t op2 c or
+           ///< c op2 t, t rounded as ATen rounds the first operation's result (no fused multiply-add)
 };
+
+/// Operands an instruction reads: 1 (unary), 2 (binary) or 3 (Arith2). The enumeration lists unary
+/// operators first, then binary ones, then ternary ones.
+constexpr int operand_count(TileOp op) { return op >= TileOp::Arith2 ? 3 : op >= TileOp::Add ? 2 : 1; }
+
+/// The arithmetic operations Arith2 combines.
+enum class Arith : uint8_t { Add, Sub, Mul, Div };
+constexpr int kArith2Variants = 32;
+/// Arith2's `sub`: op1, op2, and whether t is op2's right operand.
+constexpr uint16_t arith2_code(Arith op1, Arith op2, bool t_right) {
+  return static_cast<uint16_t>(static_cast<int>(op1) * 8 + static_cast<int>(op2) * 2 + (t_right ? 1 : 0));
+}
 
 /// One instruction: destination and operand registers, scalar parameters.
 struct TileInstr {
   TileOp op;
   uint16_t dst;
   uint16_t a, b, c;
+  uint16_t sub;  ///< the variant of Arith2 (arith2_code); 0 otherwise
   float p0, p1;
 };
 

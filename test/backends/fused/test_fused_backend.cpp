@@ -296,6 +296,44 @@ TEST_P(FusedOps, RandomProgramsMatchEager) {
   }
 }
 
+// Two arithmetic operations become one instruction (one pass over the tile), rounded as ATen's two
+// operations: the results are bitwise those of eager (a fused multiply-add would differ).
+TEST_P(FusedOps, MergedArithmeticRoundsAsEager) {
+  ScopedEnv isa("TORCHCOMPILE_ISA", GetParam());
+  torch::manual_seed(3);
+  using T = const torch::Tensor&;
+  struct Case {
+    const char* name;
+    std::function<torch::Tensor(T, T, T)> fn;
+    const char* instructions;
+  };
+  const std::vector<Case> cases = {
+      {"scale and shift", [](T a, T, T) { return a * 1.7 + 0.3; }, "(1 instructions"},
+      {"a * b - c", [](T a, T b, T c) { return a * b - c; }, "(1 instructions"},
+      {"c - a * b", [](T a, T b, T c) { return c - a * b; }, "(1 instructions"},
+      {"(a + b) * c", [](T a, T b, T c) { return (a + b) * c; }, "(1 instructions"},
+      {"c / (a - b)", [](T a, T b, T c) { return c / (a - b); }, "(1 instructions"},
+      {"a * b + c * a", [](T a, T b, T c) { return a * b + c * a; }, "(2 instructions"},
+      {"(a * b) used twice", [](T a, T b, T c) { auto t = a * b; return t * t + c; }, "(2 instructions"},
+      {"M2's tail", [](T a, T b, T c) { return torch::sigmoid(a * 1.5 + 0.25) * b - torch::tanh(c); },
+       "(4 instructions"},
+  };
+  for (const auto& c : cases) {
+    auto a = torch::randn({37, 129}), b = torch::randn({37, 129}), cc = torch::randn({129});
+    auto e = torchcompile::explain("fused", c.fn, a, b, cc);
+    EXPECT_NE(partition_of(e).find(c.instructions), std::string::npos) << c.name << "\n" << e;
+    auto compiled = torch::compile(c.fn, "fused");
+    compiled(a, b, cc);  // the first call traces (and so returns eager's values)
+    auto got = compiled(a, b, cc);
+    auto want = c.fn(a, b, cc);
+    if (std::string(c.name) == "M2's tail") {
+      EXPECT_TRUE(tensors_close(want, got, kRtol, kAtol)) << c.name;
+    } else {
+      EXPECT_TRUE(torch::equal(want, got)) << c.name << ": max difference " << (want - got).abs().max().item<float>();
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Isa, FusedOps, ::testing::ValuesIn(isas()),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
