@@ -303,6 +303,23 @@ std::optional<uint32_t> threshold_backward(const Node& n, Emitter* e) {
   return e ? e->emit(TileOp::ThresholdBackward, e->arg(n, 0), e->arg(n, 1), as_float(*t)) : 0u;
 }
 
+bool is_contiguous_value(const Node& n, size_t i) {
+  const auto& a = n.args().at(i);
+  return a.is_value() && is_contiguous(a.value().node->output_meta().at(a.value().index));
+}
+
+// contiguous / clone into contiguous memory: a copy, the input read through its strides (a
+// transposed or sliced tensor is gathered tile by tile). `contiguous` of a contiguous tensor is
+// the tensor itself (an alias eager code may write through): left to the interpreter.
+std::optional<uint32_t> contiguous_copy(const Node& n, Emitter* e) {
+  if (is_contiguous_value(n, 0) || !is_contiguous(n.output_meta().at(0))) return std::nullopt;
+  return e ? e->emit(TileOp::Copy, e->arg(n, 0)) : 0u;
+}
+std::optional<uint32_t> clone_copy(const Node& n, Emitter* e) {
+  if (!is_contiguous(n.output_meta().at(0))) return std::nullopt;  // a clone that keeps other strides
+  return e ? e->emit(TileOp::Copy, e->arg(n, 0)) : 0u;
+}
+
 const std::unordered_map<std::string, Lower>& lowerings() {
   static const std::unordered_map<std::string, Lower> table = {
       {"aten::add.Tensor", &add_tensor<1>},
@@ -347,6 +364,8 @@ const std::unordered_map<std::string, Lower>& lowerings() {
       {"aten::sigmoid_backward", &binary<TileOp::SigmoidBackward>},
       {"aten::tanh_backward", &binary<TileOp::TanhBackward>},
       {"aten::gelu_backward", &gelu_backward},
+      {"aten::contiguous", &contiguous_copy},
+      {"aten::clone", &clone_copy},
   };
   return table;
 }
@@ -576,6 +595,8 @@ std::shared_ptr<const FusedProgram> FusedProgram::build(const ir::GraphModule& g
   for (size_t i = 0; i < num_operands; ++i) p->operands_[i].reg = static_cast<uint16_t>(i);
   p->num_scratch_ = num_scratch;
   p->num_regs_ = first_scratch + num_scratch;
+  if (p->code_.size() == 1 && p->code_[0].op == TileOp::Copy && p->code_[0].a < num_operands && num_outputs == 1)
+    p->copy_of_ = p->code_[0].a;
 
   // Tiles: 256 to 512 floats per register, every buffer of one tile (scratch registers, and
   // operands that must be gathered) together in at most 16 KiB where that allows 256. Small tiles
@@ -695,6 +716,10 @@ std::vector<at::Tensor> FusedProgram::run(const std::vector<at::Tensor>& inputs)
       if (!views[i].constant || views[i].flat) continue;
       regs[i] = buffers + i * tile;
       std::fill_n(regs[i], tile, *views[i].base);
+    }
+    if (copy_of_ >= 0 && !views[copy_of_].flat && !views[copy_of_].constant) {
+      gather(out_ptrs[0] + begin, views[copy_of_], shape, begin, end - begin);
+      return;
     }
     for (int64_t start = begin; start < end; start += tile) {
       const int64_t n = std::min(tile, end - start);

@@ -86,6 +86,7 @@ class FusedProgram {
   };
 
   std::vector<TileInstr> code_;
+  int64_t copy_of_ = -1;  // a program that only copies operand copy_of_ into its one output: gathered there directly
   std::vector<Operand> operands_;
   std::vector<Output> outputs_;
   std::vector<uint16_t> output_regs_;  // the registers bound to output memory, one per output tensor

@@ -388,6 +388,46 @@ TEST(FusedBackend, StridedAndBroadcastInputs) {
 }
 
 // A group allocates only its outputs: one tensor for a chain of seven operators (eager: seven).
+// contiguous() and clone() of a transposed, sliced or chunked tensor are copies the backend makes
+// (gathering through the strides); contiguous() of a contiguous tensor is an alias eager code may
+// write through, and a clone that keeps non-contiguous strides has a layout the programs do not
+// write: both stay with the interpreter.
+TEST(FusedBackend, CopiesIntoContiguousMemory) {
+  torch::NoGradGuard no_grad;
+  using T = const torch::Tensor&;
+  struct Case {
+    const char* name;
+    std::function<torch::Tensor(T)> fn;
+    bool fused_copy;
+  };
+  const std::vector<Case> cases = {
+      {"t().contiguous()", [](T x) { return x.t().contiguous(); }, true},
+      {"chunk().contiguous()", [](T x) { return x.chunk(3, -1)[1].contiguous() * 2; }, true},
+      {"transpose + view, as attention", [](T x) { return x.view({6, 4, 10}).transpose(0, 1).contiguous().view({4, 60}); },
+       true},
+      {"slice.clone(contiguous)", [](T x) { return x.slice(1, 3, 20, 2).clone(at::MemoryFormat::Contiguous) + 1; }, true},
+      {"contiguous of contiguous", [](T x) { return x.contiguous() * 3; }, false},
+      {"clone keeping strides", [](T x) { return x.t().clone(); }, false},
+  };
+  for (const auto& c : cases) {
+    for (int64_t rows : {6, 3000}) {  // one tile, and many across threads
+      auto x = torch::randn({rows, 60});
+      if (c.name == std::string("transpose + view, as attention")) x = torch::randn({6, 40});
+      auto e = torchcompile::explain("fused", c.fn, x);
+      const std::string parts = partition_of(e) + e.compiled.at(0).backend;
+      EXPECT_EQ(parts.find("contiguous") != std::string::npos || parts.find("clone") != std::string::npos,
+                c.fused_copy)
+          << c.name << "\n" << e;
+      auto compiled = torch::compile(c.fn, "fused");
+      compiled(x);
+      auto got = compiled(x);
+      auto want = c.fn(x);
+      EXPECT_TRUE(torch::equal(want, got)) << c.name;
+      EXPECT_EQ(want.strides(), got.strides()) << c.name;
+    }
+  }
+}
+
 TEST(FusedBackend, AGroupAllocatesOnlyItsOutputs) {
   torch::NoGradGuard no_grad;
   static torchcompile::compat::CountingAllocator counting(c10::GetCPUAllocator());
