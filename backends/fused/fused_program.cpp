@@ -14,7 +14,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace torchcompile::fused {
 
@@ -82,6 +84,8 @@ bool is_float_cpu(const TensorMeta& m) {
   return m.defined && m.dtype == c10::ScalarType::Float && m.device.is_cpu();
 }
 
+bool is_bool_cpu(const TensorMeta& m) { return m.defined && m.dtype == c10::ScalarType::Bool && m.device.is_cpu(); }
+
 bool is_contiguous(const TensorMeta& m) {
   if (m.sizes.size() != m.strides.size()) return false;
   int64_t expected = 1;
@@ -101,6 +105,7 @@ TensorSource TensorSource::of(const ir::GraphModule& gm, const Node& n, int64_t*
     s.attr = &gm.attribute(n.target());
   }
   s.sizes = n.output_meta().at(0).sizes;
+  s.dtype = n.output_meta().at(0).dtype;
   return s;
 }
 
@@ -111,8 +116,8 @@ const at::Tensor& TensorSource::resolve(const std::vector<at::Tensor>& inputs, c
                 " inputs, got ", inputs.size());
     t = &inputs[input];
   }
-  TORCH_CHECK(t->defined() && t->scalar_type() == at::kFloat && t->device().is_cpu() && t->sizes().equals(sizes),
-              "fused program: expected ", what, " as a float32 CPU tensor of sizes ", c10::IntArrayRef(sizes), ", got ",
+  TORCH_CHECK(t->defined() && t->scalar_type() == dtype && t->device().is_cpu() && t->sizes().equals(sizes),
+              "fused program: expected ", what, " as a ", dtype, " CPU tensor of sizes ", c10::IntArrayRef(sizes), ", got ",
               t->defined() ? t->toString() + " of sizes " + c10::str(t->sizes()) : std::string("an undefined tensor"));
   return *t;
 }
@@ -136,9 +141,9 @@ struct Emitter {
   uint32_t next_vreg = 0;
 
   uint32_t arg(const Node& n, size_t i) const { return vreg_of.at(n.args().at(i).value()); }
-  uint32_t emit(TileOp op, uint32_t a, uint32_t b = 0, float p0 = 0, float p1 = 0) {
+  uint32_t emit(TileOp op, uint32_t a, uint32_t b = 0, float p0 = 0, float p1 = 0, uint32_t c = 0, uint16_t sub = 0) {
     const uint32_t d = next_vreg++;
-    code.push_back({op, d, a, b, p0, p1});
+    code.push_back({op, d, a, b, p0, p1, c, sub});
     return d;
   }
 };
@@ -303,6 +308,42 @@ std::optional<uint32_t> threshold_backward(const Node& n, Emitter* e) {
   return e ? e->emit(TileOp::ThresholdBackward, e->arg(n, 0), e->arg(n, 1), as_float(*t)) : 0u;
 }
 
+// Comparisons: a mask (1 or 0) per element; ATen's result is bool.
+template <CmpKind K>
+std::optional<uint32_t> compare_tensor(const Node& n, Emitter* e) {
+  return e ? e->emit(TileOp::Cmp, e->arg(n, 0), e->arg(n, 1), 0, 0, 0, static_cast<uint16_t>(K)) : 0u;
+}
+template <CmpKind K>
+std::optional<uint32_t> compare_scalar(const Node& n, Emitter* e) {
+  auto s = constant_number(n, 1);
+  if (!s) return std::nullopt;
+  return e ? e->emit(TileOp::CmpS, e->arg(n, 0), 0, as_float(*s), 0, 0, static_cast<uint16_t>(K)) : 0u;
+}
+
+// masked_fill(self, mask, value) = mask ? value : self.
+std::optional<uint32_t> masked_fill_scalar(const Node& n, Emitter* e) {
+  auto v = constant_number(n, 2);
+  if (!v) return std::nullopt;
+  return e ? e->emit(TileOp::MaskedFillS, e->arg(n, 0), e->arg(n, 1), as_float(*v)) : 0u;
+}
+
+// where(cond, self, other) = cond ? self : other, either of self and other possibly a scalar.
+std::optional<uint32_t> where_self(const Node& n, Emitter* e) {
+  return e ? e->emit(TileOp::Where, e->arg(n, 0), e->arg(n, 1), 0, 0, e->arg(n, 2)) : 0u;
+}
+std::optional<uint32_t> where_scalar_self(const Node& n, Emitter* e) {
+  auto s = constant_number(n, 1);
+  if (!s) return std::nullopt;
+  return e ? e->emit(TileOp::MaskedFillS, e->arg(n, 2), e->arg(n, 0), as_float(*s)) : 0u;
+}
+std::optional<uint32_t> where_scalar_other(const Node& n, Emitter* e) {
+  auto s = constant_number(n, 2);
+  if (!s) return std::nullopt;
+  if (!e) return 0u;
+  const uint32_t not_cond = e->emit(TileOp::LogicalNot, e->arg(n, 0));
+  return e->emit(TileOp::MaskedFillS, e->arg(n, 1), not_cond, as_float(*s));
+}
+
 bool is_contiguous_value(const Node& n, size_t i) {
   const auto& a = n.args().at(i);
   return a.is_value() && is_contiguous(a.value().node->output_meta().at(a.value().index));
@@ -366,6 +407,25 @@ const std::unordered_map<std::string, Lower>& lowerings() {
       {"aten::gelu_backward", &gelu_backward},
       {"aten::contiguous", &contiguous_copy},
       {"aten::clone", &clone_copy},
+      {"aten::lt.Tensor", &compare_tensor<CmpKind::Lt>},
+      {"aten::le.Tensor", &compare_tensor<CmpKind::Le>},
+      {"aten::gt.Tensor", &compare_tensor<CmpKind::Gt>},
+      {"aten::ge.Tensor", &compare_tensor<CmpKind::Ge>},
+      {"aten::eq.Tensor", &compare_tensor<CmpKind::Eq>},
+      {"aten::ne.Tensor", &compare_tensor<CmpKind::Ne>},
+      {"aten::lt.Scalar", &compare_scalar<CmpKind::Lt>},
+      {"aten::le.Scalar", &compare_scalar<CmpKind::Le>},
+      {"aten::gt.Scalar", &compare_scalar<CmpKind::Gt>},
+      {"aten::ge.Scalar", &compare_scalar<CmpKind::Ge>},
+      {"aten::eq.Scalar", &compare_scalar<CmpKind::Eq>},
+      {"aten::ne.Scalar", &compare_scalar<CmpKind::Ne>},
+      {"aten::logical_not", &unary<TileOp::LogicalNot>},
+      {"aten::logical_and", &binary<TileOp::LogicalAnd>},
+      {"aten::logical_or", &binary<TileOp::LogicalOr>},
+      {"aten::masked_fill.Scalar", &masked_fill_scalar},
+      {"aten::where.self", &where_self},
+      {"aten::where.ScalarSelf", &where_scalar_self},
+      {"aten::where.ScalarOther", &where_scalar_other},
   };
   return table;
 }
@@ -445,16 +505,27 @@ void merge_arithmetic(std::vector<VInstr>* code, const std::vector<uint32_t>& ou
 
 }  // namespace
 
+// The operators whose result is a mask (ATen: bool); every other one must give float32.
+bool gives_mask(const std::string& target) {
+  static const std::unordered_set<std::string> ops = {
+      "aten::lt.Tensor", "aten::le.Tensor", "aten::gt.Tensor",   "aten::ge.Tensor",     "aten::eq.Tensor",
+      "aten::ne.Tensor", "aten::lt.Scalar", "aten::le.Scalar",   "aten::gt.Scalar",     "aten::ge.Scalar",
+      "aten::eq.Scalar", "aten::ne.Scalar", "aten::logical_not", "aten::logical_and",   "aten::logical_or"};
+  return ops.count(target) > 0;
+}
+
 bool fusible(const Node& n) {
   if (n.kind() != NodeKind::CallFunction) return false;
   const auto& table = lowerings();
   auto it = table.find(n.target());
   if (it == table.end()) return false;
-  if (n.num_outputs() != 1 || !is_float_cpu(n.output_meta()[0])) return false;
-  if (n.output_meta()[0].sizes.size() > kMaxRank) return false;
+  if (n.num_outputs() != 1) return false;
+  const TensorMeta& out = n.output_meta()[0];
+  if (!(gives_mask(n.target()) ? is_bool_cpu(out) : is_float_cpu(out))) return false;
+  if (out.sizes.size() > kMaxRank) return false;
   for (const auto& a : n.args()) {
     if (a.is_list()) return false;
-    if (a.is_value() && !is_float_cpu(meta_of(a.value()))) return false;
+    if (a.is_value() && !is_float_cpu(meta_of(a.value())) && !is_bool_cpu(meta_of(a.value()))) return false;
   }
   return it->second(n, nullptr).has_value();
 }
@@ -479,7 +550,9 @@ std::shared_ptr<const FusedProgram> FusedProgram::build(const ir::GraphModule& g
         op.source = TensorSource::of(gm, n, &num_inputs);
         const TensorMeta& m = n.output_meta().at(0);
         if (!n.has_uses()) break;
-        if (!is_float_cpu(m)) return fail("input '" + n.name() + "' is not a float32 CPU tensor");
+        if (!is_float_cpu(m) && !is_bool_cpu(m)) {
+          return fail("input '" + n.name() + "' is not a float32 or bool CPU tensor");
+        }
         if (m.sizes.size() > kMaxRank) return fail("input '" + n.name() + "' has more than 8 dimensions");
         op.vreg = e.next_vreg++;
         e.vreg_of[Value{const_cast<Node*>(&n), 0}] = op.vreg;
@@ -541,6 +614,7 @@ std::shared_ptr<const FusedProgram> FusedProgram::build(const ir::GraphModule& g
       if (it == output_reg_of.end()) {
         it = output_reg_of.emplace(vreg, static_cast<uint16_t>(output_vregs.size())).first;
         output_vregs.push_back(vreg);
+        p->output_is_mask_.push_back(m.dtype == c10::ScalarType::Bool);
       }
       out.reg = it->second;  // an output slot for now; a register number below
     }
@@ -595,14 +669,15 @@ std::shared_ptr<const FusedProgram> FusedProgram::build(const ir::GraphModule& g
   for (size_t i = 0; i < num_operands; ++i) p->operands_[i].reg = static_cast<uint16_t>(i);
   p->num_scratch_ = num_scratch;
   p->num_regs_ = first_scratch + num_scratch;
-  if (p->code_.size() == 1 && p->code_[0].op == TileOp::Copy && p->code_[0].a < num_operands && num_outputs == 1)
+  if (p->code_.size() == 1 && p->code_[0].op == TileOp::Copy && p->code_[0].a < num_operands && num_outputs == 1 &&
+      !p->output_is_mask_[0] && p->operands_[p->code_[0].a].source.dtype == c10::ScalarType::Float)
     p->copy_of_ = p->code_[0].a;
 
   // Tiles: 256 to 512 floats per register, every buffer of one tile (scratch registers, and
   // operands that must be gathered) together in at most 16 KiB where that allows 256. Small tiles
   // keep the streams of inputs and outputs moving while the arithmetic runs: a single-thread M2
   // (16 MiB in, 16 MiB out) ran 1.3x slower with tiles of 2048 floats than with 256-512.
-  const size_t buffers = std::max<size_t>(1, num_operands + num_scratch);
+  const size_t buffers = std::max<size_t>(1, num_operands + num_scratch + num_outputs);
   p->tile_ = std::clamp<int64_t>(static_cast<int64_t>(4096 / buffers) / 64 * 64, 256, 512);
   p->isa_ = selected_isa();
   p->run_tile_ = kernels_of(p->isa_).run_tile;
@@ -633,13 +708,17 @@ float* thread_buffers(size_t floats) {
 // through broadcast strides (0 along broadcast dimensions).
 struct OperandView {
   const float* base = nullptr;
+  const bool* mask = nullptr;  // a bool tensor (then `base` is null): gathered as 1 and 0
   bool flat = false;
   bool constant = false;  // every stride 0: one value
   c10::SmallVector<int64_t, kMaxRank> strides;
 };
 
-// Copy elements [start, start + n) of the iteration space into dst.
-void gather(float* dst, const OperandView& v, const std::vector<int64_t>& shape, int64_t start, int64_t n) {
+// Copy elements [start, start + n) of the iteration space, read from `base` through v's strides,
+// into dst (as floats).
+template <class T>
+void gather_from(float* dst, const T* base, const OperandView& v, const std::vector<int64_t>& shape, int64_t start,
+                 int64_t n) {
   const size_t rank = shape.size();
   int64_t idx[kMaxRank];
   int64_t rem = start, off = 0;
@@ -651,13 +730,13 @@ void gather(float* dst, const OperandView& v, const std::vector<int64_t>& shape,
   const int64_t inner = shape[rank - 1], is = v.strides[rank - 1];
   while (n > 0) {
     const int64_t run = std::min(inner - idx[rank - 1], n);
-    const float* src = v.base + off;
-    if (is == 1) {
+    const T* src = base + off;
+    if (is == 1 && std::is_same_v<T, float>) {
       std::memcpy(dst, src, static_cast<size_t>(run) * sizeof(float));
     } else if (is == 0) {
-      std::fill_n(dst, run, *src);
+      std::fill_n(dst, run, static_cast<float>(*src));
     } else {
-      for (int64_t i = 0; i < run; ++i) dst[i] = src[i * is];
+      for (int64_t i = 0; i < run; ++i) dst[i] = static_cast<float>(src[i * is]);
     }
     dst += run;
     n -= run;
@@ -675,6 +754,14 @@ void gather(float* dst, const OperandView& v, const std::vector<int64_t>& shape,
   }
 }
 
+void gather(float* dst, const OperandView& v, const std::vector<int64_t>& shape, int64_t start, int64_t n) {
+  if (v.mask) {
+    gather_from(dst, v.mask, v, shape, start, n);
+  } else {
+    gather_from(dst, v.base, v, shape, start, n);
+  }
+}
+
 }  // namespace
 
 std::vector<at::Tensor> FusedProgram::run(const std::vector<at::Tensor>& inputs) const {
@@ -687,8 +774,12 @@ std::vector<at::Tensor> FusedProgram::run(const std::vector<at::Tensor>& inputs)
     const at::Tensor* t = &operands_[i].source.resolve(inputs, "an input");
     tensors[i] = t;
     OperandView& v = views[i];
-    v.base = t->data_ptr<float>();
-    v.flat = t->sizes().equals(shape_) && t->is_contiguous();
+    if (t->scalar_type() == at::kBool) {
+      v.mask = t->data_ptr<bool>();  // always gathered: converted to floats
+    } else {
+      v.base = t->data_ptr<float>();
+      v.flat = t->sizes().equals(shape_) && t->is_contiguous();
+    }
     v.strides.assign(rank, 0);
     const int64_t lead = static_cast<int64_t>(rank) - t->dim();
     v.constant = true;
@@ -700,23 +791,29 @@ std::vector<at::Tensor> FusedProgram::run(const std::vector<at::Tensor>& inputs)
   std::vector<at::Tensor> out_tensors;
   out_tensors.reserve(output_regs_.size());
   c10::SmallVector<float*, 4> out_ptrs;
+  c10::SmallVector<bool*, 4> mask_ptrs;  // bool outputs: computed into a tile buffer, then converted
   for (size_t o = 0; o < output_regs_.size(); ++o) {
-    out_tensors.push_back(at::empty(shape_, at::TensorOptions().dtype(at::kFloat)));
-    out_ptrs.push_back(out_tensors.back().data_ptr<float>());
+    const bool mask = output_is_mask_[o];
+    out_tensors.push_back(at::empty(shape_, at::TensorOptions().dtype(mask ? at::kBool : at::kFloat)));
+    out_ptrs.push_back(mask ? nullptr : out_tensors.back().data_ptr<float>());
+    mask_ptrs.push_back(mask ? out_tensors.back().data_ptr<bool>() : nullptr);
   }
 
   const int64_t tile = tile_;
   auto body = [&](int64_t begin, int64_t end) {
     const size_t num_operands = operands_.size();
-    float* buffers = thread_buffers((num_operands + num_scratch_) * static_cast<size_t>(tile));
+    const size_t num_outputs = output_regs_.size();
+    float* buffers = thread_buffers((num_operands + num_scratch_ + num_outputs) * static_cast<size_t>(tile));
     c10::SmallVector<float*, 32> regs(num_regs_);
     for (size_t s = 0; s < num_scratch_; ++s)
       regs[num_operands + output_regs_.size() + s] = buffers + (num_operands + s) * tile;
     for (size_t i = 0; i < num_operands; ++i) {
       if (!views[i].constant || views[i].flat) continue;
       regs[i] = buffers + i * tile;
-      std::fill_n(regs[i], tile, *views[i].base);
+      std::fill_n(regs[i], tile, views[i].mask ? static_cast<float>(*views[i].mask) : *views[i].base);
     }
+    for (size_t o = 0; o < num_outputs; ++o)
+      if (mask_ptrs[o]) regs[output_regs_[o]] = buffers + (num_operands + num_scratch_ + o) * tile;
     if (copy_of_ >= 0 && !views[copy_of_].flat && !views[copy_of_].constant) {
       gather(out_ptrs[0] + begin, views[copy_of_], shape, begin, end - begin);
       return;
@@ -732,8 +829,15 @@ std::vector<at::Tensor> FusedProgram::run(const std::vector<at::Tensor>& inputs)
           gather(regs[i], v, shape, start, n);
         }
       }
-      for (size_t o = 0; o < out_ptrs.size(); ++o) regs[output_regs_[o]] = out_ptrs[o] + start;
+      for (size_t o = 0; o < num_outputs; ++o)
+        if (out_ptrs[o]) regs[output_regs_[o]] = out_ptrs[o] + start;
       run_tile_(code_.data(), code_.size(), regs.data(), n);
+      for (size_t o = 0; o < num_outputs; ++o) {
+        if (!mask_ptrs[o]) continue;
+        const float* m = regs[output_regs_[o]];
+        bool* dst = mask_ptrs[o] + start;
+        for (int64_t i = 0; i < n; ++i) dst[i] = m[i] != 0.f;
+      }
     }
   };
   // Small work runs inline: an OpenMP region costs microseconds.

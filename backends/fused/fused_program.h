@@ -27,6 +27,7 @@ const IsaKernels& kernels_of(Isa isa);
 /// Metadata checks shared by the programs: a defined float32 CPU tensor; row-major contiguous
 /// (dimensions of size 1 may have any stride).
 bool is_float_cpu(const ir::TensorMeta& m);
+bool is_bool_cpu(const ir::TensorMeta& m);
 bool is_contiguous(const ir::TensorMeta& m);
 
 /// Where a program reads a tensor from: a placeholder of its graph (by index) or an attribute of
@@ -35,11 +36,12 @@ struct TensorSource {
   int64_t input = -1;
   const at::Tensor* attr = nullptr;
   std::vector<int64_t> sizes;  // as traced
+  c10::ScalarType dtype = c10::ScalarType::Float;
   bool present = false;
 
   /// The source of a placeholder (the `*num_placeholders`-th, which it counts) or get_attr node.
   static TensorSource of(const ir::GraphModule& gm, const ir::Node& n, int64_t* num_placeholders);
-  /// The tensor for this call; checks it is a float32 CPU tensor of the traced sizes.
+  /// The tensor for this call; checks it is a CPU tensor of the traced dtype and sizes.
   const at::Tensor& resolve(const std::vector<at::Tensor>& inputs, const char* what) const;
 };
 
@@ -90,6 +92,7 @@ class FusedProgram {
   std::vector<Operand> operands_;
   std::vector<Output> outputs_;
   std::vector<uint16_t> output_regs_;  // the registers bound to output memory, one per output tensor
+  std::vector<bool> output_is_mask_;   // per output tensor: bool (a tile buffer converted after each tile)
   std::vector<int64_t> shape_;         // the iteration shape
   int64_t numel_ = 1;
   size_t num_regs_ = 0;

@@ -114,6 +114,41 @@ void arith2(float* d, const float* a, const float* b, const float* c, int64_t n)
   });
 }
 
+// A comparison's lanes (all ones or zero) as 1.0f or 0.0f.
+inline vf as_mask(vi m) { return (vf)(m & (vi)splat(1.f)); }
+
+inline vf compare(vf x, vf y, CmpKind k) {
+  switch (k) {
+    case CmpKind::Lt: return as_mask(x < y);
+    case CmpKind::Le: return as_mask(x <= y);
+    case CmpKind::Gt: return as_mask(x > y);
+    case CmpKind::Ge: return as_mask(x >= y);
+    case CmpKind::Eq: return as_mask(x == y);
+    case CmpKind::Ne: return as_mask(x != y);
+  }
+  return x;
+}
+
+template <CmpKind K>
+void compare_tile(float* d, const float* a, const float* b, vf p0, bool scalar, int64_t n) {
+  if (scalar) {
+    map1(d, a, n, [=](vf x) { return compare(x, p0, K); });
+  } else {
+    map2(d, a, b, n, [](vf x, vf y) { return compare(x, y, K); });
+  }
+}
+
+void compare_any(float* d, const float* a, const float* b, vf p0, bool scalar, CmpKind k, int64_t n) {
+  switch (k) {
+    case CmpKind::Lt: compare_tile<CmpKind::Lt>(d, a, b, p0, scalar, n); break;
+    case CmpKind::Le: compare_tile<CmpKind::Le>(d, a, b, p0, scalar, n); break;
+    case CmpKind::Gt: compare_tile<CmpKind::Gt>(d, a, b, p0, scalar, n); break;
+    case CmpKind::Ge: compare_tile<CmpKind::Ge>(d, a, b, p0, scalar, n); break;
+    case CmpKind::Eq: compare_tile<CmpKind::Eq>(d, a, b, p0, scalar, n); break;
+    case CmpKind::Ne: compare_tile<CmpKind::Ne>(d, a, b, p0, scalar, n); break;
+  }
+}
+
 using Arith2Fn = void (*)(float*, const float*, const float*, const float*, int64_t);
 template <int... Codes>
 constexpr std::array<Arith2Fn, sizeof...(Codes)> arith2_table(std::integer_sequence<int, Codes...>) {
@@ -188,7 +223,14 @@ void run_tile(const TileInstr* code, size_t count, float* const* regs, int64_t n
       case TileOp::SigmoidBackward: map2(d, a, b, n, [=](vf g, vf y) { return g * (one - y) * y; }); break;
       case TileOp::TanhBackward: map2(d, a, b, n, [=](vf g, vf y) { return g * (one - y * y); }); break;
       case TileOp::GeluErfBackward: map2(d, a, b, n, [](vf g, vf x) { return g * v_gelu_erf_grad(x); }); break;
+      case TileOp::CmpS: compare_any(d, a, b, p0, true, static_cast<CmpKind>(in.sub), n); break;
+      case TileOp::Cmp: compare_any(d, a, b, p0, false, static_cast<CmpKind>(in.sub), n); break;
+      case TileOp::LogicalNot: map1(d, a, n, [=](vf x) { return as_mask(x == zero); }); break;
+      case TileOp::LogicalAnd: map2(d, a, b, n, [=](vf x, vf y) { return as_mask((x != zero) & (y != zero)); }); break;
+      case TileOp::LogicalOr: map2(d, a, b, n, [=](vf x, vf y) { return as_mask((x != zero) | (y != zero)); }); break;
+      case TileOp::MaskedFillS: map2(d, a, b, n, [=](vf x, vf m) { return m != zero ? p0 : x; }); break;
       case TileOp::Arith2: kArith2[in.sub](d, a, b, regs[in.c], n); break;
+      case TileOp::Where: map3(d, a, b, regs[in.c], n, [=](vf m, vf x, vf y) { return m != zero ? x : y; }); break;
     }
   }
 }
@@ -268,7 +310,9 @@ void layer_norm_rows(const float* in, float* out, const float* weight, const flo
                         vf d = v - vmean;
                         return d * d;
                       }) * inv_n;
-    const vf rstd = splat(1.f / std::sqrt(var + eps));
+    // A variance that overflows float (values near 1e19 and above) makes the row NaN, as in eager
+    // (whose running moments meet inf - inf), instead of a silent row of zeros.
+    const vf rstd = splat(var == __builtin_inff() ? __builtin_nanf("") : 1.f / std::sqrt(var + eps));
     if (weight && bias) {
       map2(y, x, weight, cols, [&](vf v, vf w) { return (v - vmean) * rstd * w; });
       map2(y, y, bias, cols, [](vf v, vf b) { return v + b; });

@@ -28,6 +28,8 @@ enum class TileOp : uint16_t {
   RSubS,      ///< p0 - a
   DivS,       ///< a / p0
   RDivS,      ///< p0 / a
+  CmpS,       ///< a cmp p0 as 1 or 0, `sub` the comparison (Cmp); NaN compares false (not equal)
+  LogicalNot, ///< a == 0 as 1 or 0
   // binary: d = f(a, b)
   Add,      ///< a + b
   AddMul,   ///< a + p0 * b (add/sub with alpha != 1)
@@ -40,10 +42,19 @@ enum class TileOp : uint16_t {
   SigmoidBackward,    ///< a * (1 - b) * b (b = sigmoid's output)
   TanhBackward,       ///< a * (1 - b * b) (b = tanh's output)
   GeluErfBackward,    ///< a * gelu'(b) (b = gelu's input, erf form)
+  Cmp,                ///< a cmp b as 1 or 0, `sub` the comparison (Cmp)
+  LogicalAnd,         ///< a != 0 and b != 0, as 1 or 0
+  LogicalOr,          ///< a != 0 or b != 0, as 1 or 0
+  MaskedFillS,        ///< b != 0 ? p0 : a
   // ternary: d = f(a, b, c)
   Arith2,  ///< two arithmetic operations in one pass, `sub` says which (arith2_code): t = a op1 b, then t op2 c or
            ///< c op2 t, t rounded as ATen rounds the first operation's result (no fused multiply-add)
+  Where,   ///< a != 0 ? b : c
 };
+
+/// The comparisons of CmpS and Cmp (their `sub`). Masks (comparison results, bool inputs) live in
+/// float registers as 1 and 0, which is also their value when ATen promotes a bool to float.
+enum class CmpKind : uint16_t { Lt, Le, Gt, Ge, Eq, Ne };
 
 /// Operands an instruction reads: 1 (unary), 2 (binary) or 3 (Arith2). The enumeration lists unary
 /// operators first, then binary ones, then ternary ones.

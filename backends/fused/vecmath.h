@@ -58,6 +58,10 @@ inline void storeu(float* p, vf v) { __builtin_memcpy(p, &v, sizeof v); }
 
 // x > hi ? hi : x and x < lo ? lo : x, NaN kept, as one minps / maxps: those return their second operand when
 // either is NaN (the compiler writes a comparison and a blend for the conditional expression).
+// (GCC 12 warns that the AVX-512 intrinsics' internal _mm512_undefined_ps() is uninitialized.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 inline vf upper_clamp(vf x, vf hi) {
 #if TC_VEC_BYTES == 64
   return (vf)_mm512_min_ps((__m512)hi, (__m512)x);
@@ -76,6 +80,7 @@ inline vf lower_clamp(vf x, vf lo) {
   return (vf)_mm_max_ps((__m128)lo, (__m128)x);
 #endif
 }
+#pragma GCC diagnostic pop
 inline vf upper_clamp(vf x, float hi) { return upper_clamp(x, splat(hi)); }
 inline vf lower_clamp(vf x, float lo) { return lower_clamp(x, splat(lo)); }
 
