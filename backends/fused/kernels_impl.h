@@ -298,6 +298,31 @@ void softmax_rows(const float* in, float* out, int64_t rows, int64_t cols, bool 
   }
 }
 
+void softmax_backward_rows(const float* grad, const float* y, float* out, int64_t rows, int64_t cols, bool log) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = grad + r * cols;
+    const float* yr = y + r * cols;
+    float* o = out + r * cols;
+    if (log) {
+      const vf s = splat(row_sum(g, cols, [](vf v) { return v; }));
+      map2(o, g, yr, cols, [&](vf gv, vf yv) { return gv - v_exp(yv) * s; });
+    } else {
+      // sum(g y): a row_sum over the products, vector by vector (row_sum reads one array).
+      vf a0 = splat(0.f), a1 = a0;
+      int64_t i = 0;
+      for (; i + 2 * kLanes <= cols; i += 2 * kLanes) {
+        a0 += loadu(g + i) * loadu(yr + i);
+        a1 += loadu(g + i + kLanes) * loadu(yr + i + kLanes);
+      }
+      for (; i + kLanes <= cols; i += kLanes) a0 += loadu(g + i) * loadu(yr + i);
+      float dot = hsum(a0 + a1);
+      for (; i < cols; ++i) dot += g[i] * yr[i];
+      const vf s = splat(dot);
+      map2(o, g, yr, cols, [&](vf gv, vf yv) { return yv * (gv - s); });
+    }
+  }
+}
+
 void layer_norm_rows(const float* in, float* out, const float* weight, const float* bias, int64_t rows,
                      int64_t cols, float eps) {
   const float inv_n = 1.f / static_cast<float>(cols);
@@ -397,7 +422,7 @@ void reduce_block(const float* in, float* out, int64_t red, int64_t inner, int64
 }  // namespace
 
 const IsaKernels& TC_ISA_KERNELS() {
-  static const IsaKernels k{&run_tile, &softmax_rows, &layer_norm_rows, &reduce_block};
+  static const IsaKernels k{&run_tile, &softmax_rows, &softmax_backward_rows, &layer_norm_rows, &reduce_block};
   return k;
 }
 

@@ -31,18 +31,32 @@ std::optional<Value> float_arg(const Node& n, size_t i) {
 
 bool is_none(const Node& n, size_t i) { return n.args().at(i).is_constant() && n.args().at(i).constant().isNone(); }
 
+// Whether the constant argument i of n names the last dimension of x.
+bool names_last_dim(const Node& n, size_t i, const Value& x) {
+  const auto& a = n.args().at(i);
+  if (!a.is_constant() || !a.constant().isInt()) return false;
+  const int64_t rank = static_cast<int64_t>(meta_of(x).sizes.size());
+  int64_t dim = a.constant().toInt();
+  if (dim < 0) dim += rank;
+  return rank > 0 && dim == rank - 1;
+}
+
 // softmax / log_softmax over the last dimension, no dtype conversion.
 bool softmax_ok(const Node& n) {
   auto x = float_arg(n, 0);
-  if (!x) return false;
-  const auto& a1 = n.args().at(1);
-  if (!a1.is_constant() || !a1.constant().isInt()) return false;
-  const int64_t rank = static_cast<int64_t>(meta_of(*x).sizes.size());
-  int64_t dim = a1.constant().toInt();
-  if (dim < 0) dim += rank;
-  if (rank == 0 || dim != rank - 1) return false;
+  if (!x || !names_last_dim(n, 1, *x)) return false;
   const auto& a2 = n.args().at(2);  // dtype (None) or half_to_float (false)
   return a2.is_constant() && (a2.constant().isNone() || (a2.constant().isBool() && !a2.constant().toBool()));
+}
+
+// _softmax_backward_data / _log_softmax_backward_data(grad_output, output, dim, input_dtype):
+// over the last dimension, float32 throughout.
+bool softmax_backward_ok(const Node& n) {
+  auto g = float_arg(n, 0), y = float_arg(n, 1);
+  if (!g || !y || meta_of(*g).sizes != meta_of(*y).sizes || !names_last_dim(n, 2, *g)) return false;
+  const auto& a3 = n.args().at(3);  // the forward input's dtype
+  return a3.is_constant() && a3.constant().isInt() &&
+         static_cast<c10::ScalarType>(a3.constant().toInt()) == c10::ScalarType::Float;
 }
 
 // layer_norm(input, normalized_shape, weight?, bias?, eps, cudnn_enable) over trailing dims.
@@ -100,7 +114,7 @@ std::optional<std::pair<int64_t, int64_t>> reduced_block(const Node& n) {
   return std::make_pair(dims.front(), dims.back());
 }
 
-enum class RowKind { Softmax, LogSoftmax, LayerNorm, Reduce, None };
+enum class RowKind { Softmax, LogSoftmax, SoftmaxBackward, LogSoftmaxBackward, LayerNorm, Reduce, None };
 
 RowKind row_kind(const Node& n) {
   if (n.kind() != NodeKind::CallFunction || n.num_outputs() != 1) return RowKind::None;
@@ -110,6 +124,10 @@ RowKind row_kind(const Node& n) {
   if (t == "aten::softmax.int" || t == "aten::_softmax") return softmax_ok(n) ? RowKind::Softmax : RowKind::None;
   if (t == "aten::log_softmax.int" || t == "aten::_log_softmax")
     return softmax_ok(n) ? RowKind::LogSoftmax : RowKind::None;
+  if (t == "aten::_softmax_backward_data")
+    return softmax_backward_ok(n) ? RowKind::SoftmaxBackward : RowKind::None;
+  if (t == "aten::_log_softmax_backward_data")
+    return softmax_backward_ok(n) ? RowKind::LogSoftmaxBackward : RowKind::None;
   if (t == "aten::layer_norm") return layer_norm_ok(n) ? RowKind::LayerNorm : RowKind::None;
   if (t == "aten::sum" || t == "aten::sum.dim_IntList" || t == "aten::mean.dim" || t == "aten::amax" ||
       t == "aten::amin")
@@ -154,6 +172,8 @@ std::shared_ptr<const RowProgram> RowProgram::build(const ir::GraphModule& gm, s
   switch (row_kind(*op)) {
     case RowKind::Softmax: p->kind_ = Kind::Softmax; break;
     case RowKind::LogSoftmax: p->kind_ = Kind::LogSoftmax; break;
+    case RowKind::SoftmaxBackward: p->kind_ = Kind::SoftmaxBackward; break;
+    case RowKind::LogSoftmaxBackward: p->kind_ = Kind::LogSoftmaxBackward; break;
     case RowKind::LayerNorm: p->kind_ = Kind::LayerNorm; break;
     case RowKind::Reduce: p->kind_ = Kind::Reduce; break;
     case RowKind::None: return fail("not a row operation");
@@ -177,6 +197,7 @@ std::shared_ptr<const RowProgram> RowProgram::build(const ir::GraphModule& gm, s
     p->out_sizes_ = op->output_meta()[0].sizes;
   } else {
     p->cols_ = p->x_.sizes.back();
+    if (p->kind_ == Kind::SoftmaxBackward || p->kind_ == Kind::LogSoftmaxBackward) p->y_ = source_of(1);
   }
   if (p->cols_ == 0 || p->outer_ * p->inner_ == 0) return fail("it reduces or returns an empty tensor");
   p->isa_ = selected_isa();
@@ -187,7 +208,8 @@ std::shared_ptr<const RowProgram> RowProgram::build(const ir::GraphModule& gm, s
 std::vector<at::Tensor> RowProgram::run(const std::vector<at::Tensor>& inputs) const {
   const at::Tensor x = x_.resolve(inputs, "the input").contiguous();
   if (kind_ == Kind::Reduce) return std::vector<at::Tensor>(num_outputs_, reduce(x));
-  at::Tensor w, b;
+  at::Tensor w, b, y;
+  if (y_.present) y = y_.resolve(inputs, "the softmax result").contiguous();
   if (weight_.present) w = weight_.resolve(inputs, "the weight").contiguous();
   if (bias_.present) b = bias_.resolve(inputs, "the bias").contiguous();
   at::Tensor out = at::empty(x.sizes(), x.options());
@@ -196,9 +218,13 @@ std::vector<at::Tensor> RowProgram::run(const std::vector<at::Tensor>& inputs) c
   float* o = out.data_ptr<float>();
   const float* wp = w.defined() ? w.data_ptr<float>() : nullptr;
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+  const float* yp = y.defined() ? y.data_ptr<float>() : nullptr;
   auto body = [&](int64_t begin, int64_t end) {
     if (kind_ == Kind::LayerNorm) {
       kernels_->layer_norm_rows(in + begin * cols, o + begin * cols, wp, bp, end - begin, cols, eps_);
+    } else if (yp) {
+      kernels_->softmax_backward_rows(in + begin * cols, yp + begin * cols, o + begin * cols, end - begin, cols,
+                                      kind_ == Kind::LogSoftmaxBackward);
     } else {
       kernels_->softmax_rows(in + begin * cols, o + begin * cols, end - begin, cols, kind_ == Kind::LogSoftmax);
     }
@@ -264,7 +290,11 @@ std::string RowProgram::describe() const {
   if (kind_ == Kind::Reduce)
     return "fused: " + name_ + " (" + std::to_string(outer_) + " x " + std::to_string(cols_) + " x " +
            std::to_string(inner_) + ", " + to_string(isa_) + ")";
-  const char* name = kind_ == Kind::Softmax ? "softmax" : kind_ == Kind::LogSoftmax ? "log_softmax" : "layer_norm";
+  const char* name = kind_ == Kind::Softmax                ? "softmax"
+                     : kind_ == Kind::LogSoftmax           ? "log_softmax"
+                     : kind_ == Kind::SoftmaxBackward      ? "softmax_backward"
+                     : kind_ == Kind::LogSoftmaxBackward   ? "log_softmax_backward"
+                                                           : "layer_norm";
   return std::string("fused: ") + name + " (rows of " + std::to_string(cols_) + ", " + to_string(isa_) + ")";
 }
 

@@ -13,7 +13,8 @@
 namespace torchcompile::fused {
 
 /// Whether `n` is a row operation the backend runs: `softmax.int` / `_softmax` / `log_softmax.int`
-/// / `_log_softmax` over the last dimension, `layer_norm` over the trailing dimensions (with
+/// / `_log_softmax` over the last dimension and their gradients `_softmax_backward_data` /
+/// `_log_softmax_backward_data`, `layer_norm` over the trailing dimensions (with
 /// optional weight and bias of the normalized shape), `sum` / `sum.dim_IntList` / `mean.dim` /
 /// `amax` / `amin` over adjacent dimensions (any keepdim); float32 CPU tensors, contiguous input
 /// and output, no dtype conversion.
@@ -34,7 +35,7 @@ class RowProgram {
 
  private:
   RowProgram() = default;
-  enum class Kind { Softmax, LogSoftmax, LayerNorm, Reduce };
+  enum class Kind { Softmax, LogSoftmax, SoftmaxBackward, LogSoftmaxBackward, LayerNorm, Reduce };
   at::Tensor reduce(const at::Tensor& x) const;
 
   Kind kind_ = Kind::Softmax;
@@ -45,6 +46,7 @@ class RowProgram {
   std::string name_;
   std::vector<int64_t> out_sizes_;
   TensorSource x_, weight_, bias_;
+  TensorSource y_;  // softmax backward: the forward's result (x_ is the gradient)
   size_t num_outputs_ = 1;  // the graph returns the result this many times
   int64_t cols_ = 1;
   float eps_ = 1e-5f;

@@ -88,6 +88,10 @@ struct IsaKernels {
   void (*run_tile)(const TileInstr* code, size_t count, float* const* regs, int64_t n);
   /// Softmax (or log-softmax) of each of `rows` contiguous rows of `cols` floats.
   void (*softmax_rows)(const float* in, float* out, int64_t rows, int64_t cols, bool log);
+  /// The gradient of softmax (or log-softmax) of each of `rows` contiguous rows of `cols` floats,
+  /// from the gradient of its result `grad` and the result `y`: y (grad - sum(grad y)) (log:
+  /// grad - exp(y) sum(grad)), as ATen's _softmax_backward_data.
+  void (*softmax_backward_rows)(const float* grad, const float* y, float* out, int64_t rows, int64_t cols, bool log);
   /// Layer normalization of each of `rows` contiguous rows of `cols` floats: (x - mean) * rstd,
   /// times `weight` and plus `bias` (each `cols` floats, or null), rstd = 1 / sqrt(var + eps).
   void (*layer_norm_rows)(const float* in, float* out, const float* weight, const float* bias, int64_t rows,

@@ -247,6 +247,31 @@ TEST_P(FusedOps, RowOperationsMatchEager) {
   EXPECT_TRUE(tensors_close(fn(x), second_call(compiled, x), kRtol, kAtol));
 }
 
+// The gradients of softmax and log-softmax (AOT backward graphs hold them) as row programs.
+TEST_P(FusedOps, SoftmaxBackwardMatchesEager) {
+  ScopedEnv isa("TORCHCOMPILE_ISA", GetParam());
+  torch::manual_seed(4);
+  for (bool log : {false, true}) {
+    for (int64_t rows : {3, 700}) {
+      for (int64_t cols : {1, 37, 128}) {
+        auto x = torch::randn({rows, cols}) * 3;
+        auto y = log ? torch::log_softmax(x, -1) : torch::softmax(x, -1);
+        auto g = torch::randn({rows, cols});
+        auto fn = [log](torch::Tensor g, torch::Tensor y) {
+          return log ? at::_log_softmax_backward_data(g, y, -1, at::kFloat)
+                     : at::_softmax_backward_data(g, y, -1, at::kFloat);
+        };
+        auto e = torchcompile::explain("fused", fn, g, y);
+        EXPECT_NE(partition_of(e).find(log ? "fused: log_softmax_backward" : "fused: softmax_backward"),
+                  std::string::npos)
+            << e;
+        auto compiled = torch::compile(fn, "fused");
+        EXPECT_TRUE(tensors_close(fn(g, y), second_call(compiled, g, y), kRtol, kAtol)) << log << " " << rows << "x" << cols;
+      }
+    }
+  }
+}
+
 // ---- randomized programs ------------------------------------------------------------------------
 
 // A random program over a pool of values: x (the iteration shape), b (a shape that broadcasts to
