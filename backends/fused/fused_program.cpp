@@ -1,5 +1,6 @@
 #include "fused_program.h"
 
+#include <torchcompile/compat.h>
 #include <torchcompile/ir/op_properties.h>
 
 #include <ATen/ExpandUtils.h>
@@ -235,7 +236,8 @@ std::optional<uint32_t> gelu(const Node& n, Emitter* e) {
   auto approximate = n.args().size() > 1 ? constant_string(n, 1) : std::string("none");
   if (!approximate || (*approximate != "none" && *approximate != "tanh")) return std::nullopt;
   if (!e) return 0u;
-  return e->emit(*approximate == "none" ? TileOp::GeluErf : TileOp::GeluTanh, e->arg(n, 0));
+  if (*approximate == "tanh") return e->emit(TileOp::GeluTanh, e->arg(n, 0));
+  return e->emit(TileOp::GeluErf, e->arg(n, 0), 0, compat::kGeluErfOfInfinityIsNaN ? 1.f : 0.f);
 }
 
 std::optional<uint32_t> gelu_backward(const Node& n, Emitter* e) {

@@ -181,7 +181,13 @@ void run_tile(const TileInstr* code, size_t count, float* const* regs, int64_t n
       case TileOp::Sin: map1(d, a, n, [](vf x) { return v_sin(x); }); break;
       case TileOp::Cos: map1(d, a, n, [](vf x) { return v_cos(x); }); break;
       case TileOp::Erf: map1(d, a, n, [](vf x) { return v_erf(x); }); break;
-      case TileOp::GeluErf: map1(d, a, n, [](vf x) { return v_gelu_erf(x); }); break;
+      case TileOp::GeluErf:
+        if (in.p0 != 0) {  // NaN at +inf, as LibTorch 2.x (fused_program.cpp)
+          map1(d, a, n, [](vf x) { return x == __builtin_inff() ? splat(__builtin_nanf("")) : v_gelu_erf(x); });
+        } else {
+          map1(d, a, n, [](vf x) { return v_gelu_erf(x); });
+        }
+        break;
       case TileOp::GeluTanh: map1(d, a, n, [](vf x) { return v_gelu_tanh(x); }); break;
       case TileOp::Silu: map1(d, a, n, [](vf x) { return v_silu(x); }); break;
       case TileOp::Square: map1(d, a, n, [](vf x) { return x * x; }); break;
@@ -324,7 +330,7 @@ void softmax_backward_rows(const float* grad, const float* y, float* out, int64_
 }
 
 void layer_norm_rows(const float* in, float* out, const float* weight, const float* bias, int64_t rows,
-                     int64_t cols, float eps) {
+                     int64_t cols, float eps, float* mean_out, float* rstd_out) {
   const float inv_n = 1.f / static_cast<float>(cols);
   for (int64_t r = 0; r < rows; ++r) {
     const float* x = in + r * cols;
@@ -337,7 +343,9 @@ void layer_norm_rows(const float* in, float* out, const float* weight, const flo
                       }) * inv_n;
     // A variance that overflows float (values near 1e19 and above) makes the row NaN, as in eager
     // (whose running moments meet inf - inf), instead of a silent row of zeros.
-    const vf rstd = splat(var == __builtin_inff() ? __builtin_nanf("") : 1.f / std::sqrt(var + eps));
+    const float rstd_value = var == __builtin_inff() ? __builtin_nanf("") : 1.f / std::sqrt(var + eps);
+    const vf rstd = splat(rstd_value);
+    if (mean_out) mean_out[r] = mean, rstd_out[r] = rstd_value;
     if (weight && bias) {
       map2(y, x, weight, cols, [&](vf v, vf w) { return (v - vmean) * rstd * w; });
       map2(y, y, bias, cols, [](vf v, vf b) { return v + b; });
@@ -346,6 +354,53 @@ void layer_norm_rows(const float* in, float* out, const float* weight, const flo
     } else {
       map1(y, x, cols, [&](vf v) { return (v - vmean) * rstd; });
       if (bias) map2(y, y, bias, cols, [](vf v, vf b) { return v + b; });
+    }
+  }
+}
+
+void layer_norm_backward_rows(const float* grad, const float* x, const float* mean, const float* rstd,
+                              const float* weight, float* dx, float* dweight, float* dbias, int64_t rows,
+                              int64_t cols) {
+  const float inv_n = 1.f / static_cast<float>(cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = grad + r * cols;
+    const float* xr = x + r * cols;
+    const vf m = splat(mean[r]), s = splat(rstd[r]);
+    auto xhat = [&](int64_t i) { return (loadu(xr + i) - m) * s; };
+    auto gw = [&](int64_t i) { return weight ? loadu(g + i) * loadu(weight + i) : loadu(g + i); };
+    if (dx) {
+      // mean(gw) and mean(gw xhat) over the row, then dx.
+      vf a = splat(0.f), b = splat(0.f);
+      int64_t i = 0;
+      for (; i + kLanes <= cols; i += kLanes) {
+        const vf v = gw(i);
+        a += v;
+        b += v * xhat(i);
+      }
+      float sa = hsum(a), sb = hsum(b);
+      for (; i < cols; ++i) {
+        const float v = weight ? g[i] * weight[i] : g[i];
+        sa += v;
+        sb += v * (xr[i] - mean[r]) * rstd[r];
+      }
+      const vf ma = splat(sa * inv_n), mb = splat(sb * inv_n);
+      float* d = dx + r * cols;
+      i = 0;
+      for (; i + kLanes <= cols; i += kLanes) storeu(d + i, s * (gw(i) - ma - xhat(i) * mb));
+      for (; i < cols; ++i) {
+        const float v = weight ? g[i] * weight[i] : g[i];
+        d[i] = rstd[r] * (v - ma[0] - (xr[i] - mean[r]) * rstd[r] * mb[0]);
+      }
+    }
+    int64_t i = 0;
+    for (; i + kLanes <= cols; i += kLanes) {
+      const vf gv = loadu(g + i);
+      if (dweight) storeu(dweight + i, loadu(dweight + i) + gv * xhat(i));
+      if (dbias) storeu(dbias + i, loadu(dbias + i) + gv);
+    }
+    for (; i < cols; ++i) {
+      if (dweight) dweight[i] += g[i] * (xr[i] - mean[r]) * rstd[r];
+      if (dbias) dbias[i] += g[i];
     }
   }
 }
@@ -422,7 +477,8 @@ void reduce_block(const float* in, float* out, int64_t red, int64_t inner, int64
 }  // namespace
 
 const IsaKernels& TC_ISA_KERNELS() {
-  static const IsaKernels k{&run_tile, &softmax_rows, &softmax_backward_rows, &layer_norm_rows, &reduce_block};
+  static const IsaKernels k{&run_tile,        &softmax_rows,           &softmax_backward_rows,
+                            &layer_norm_rows, &layer_norm_backward_rows, &reduce_block};
   return k;
 }
 

@@ -2,6 +2,7 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -114,13 +115,64 @@ std::optional<std::pair<int64_t, int64_t>> reduced_block(const Node& n) {
   return std::make_pair(dims.front(), dims.back());
 }
 
-enum class RowKind { Softmax, LogSoftmax, SoftmaxBackward, LogSoftmaxBackward, LayerNorm, Reduce, None };
+// native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight?, bias?,
+// output_mask): grad_out and input of the same sizes, mean and rstd with one value per row.
+bool layer_norm_backward_ok(const Node& n) {
+  auto g = float_arg(n, 0), x = float_arg(n, 1), mean = float_arg(n, 3), rstd = float_arg(n, 4);
+  if (!g || !x || !mean || !rstd || meta_of(*g).sizes != meta_of(*x).sizes) return false;
+  const auto& shape_arg = n.args().at(2);
+  if (!shape_arg.is_constant() || !shape_arg.constant().isIntList()) return false;
+  const auto shape = shape_arg.constant().toIntVector();
+  const auto& sizes = meta_of(*x).sizes;
+  if (shape.empty() || shape.size() > sizes.size() ||
+      !std::equal(shape.begin(), shape.end(), sizes.end() - static_cast<std::ptrdiff_t>(shape.size())))
+    return false;
+  int64_t rows = 1;
+  for (size_t d = 0; d + shape.size() < sizes.size(); ++d) rows *= sizes[d];
+  for (const auto& m : {meta_of(*mean), meta_of(*rstd)}) {
+    int64_t numel = 1;
+    for (int64_t s : m.sizes) numel *= s;
+    if (numel != rows) return false;
+  }
+  if (!is_none(n, 5)) {
+    auto w = float_arg(n, 5);
+    if (!w || meta_of(*w).sizes != shape) return false;
+  }
+  const auto& mask = n.args().at(7);
+  return mask.is_constant() && mask.constant().isBoolList() && mask.constant().toBoolList().size() == 3;
+}
+
+enum class RowKind {
+  Softmax,
+  LogSoftmax,
+  SoftmaxBackward,
+  LogSoftmaxBackward,
+  LayerNorm,
+  NativeLayerNorm,
+  LayerNormBackward,
+  Reduce,
+  None
+};
+
+// Every defined result of n (at least one) is a contiguous float32 CPU tensor.
+bool results_ok(const Node& n) {
+  bool any = false;
+  for (const TensorMeta& out : n.output_meta()) {
+    if (!out.defined) continue;
+    if (!is_float_cpu(out) || !is_contiguous(out)) return false;
+    any = true;
+  }
+  return any;
+}
 
 RowKind row_kind(const Node& n) {
-  if (n.kind() != NodeKind::CallFunction || n.num_outputs() != 1) return RowKind::None;
-  const TensorMeta& out = n.output_meta()[0];
-  if (!is_float_cpu(out) || !is_contiguous(out)) return RowKind::None;
+  if (n.kind() != NodeKind::CallFunction || !results_ok(n)) return RowKind::None;
   const std::string& t = n.target();
+  if (t == "aten::native_layer_norm" && n.num_outputs() == 3)
+    return layer_norm_ok(n) ? RowKind::NativeLayerNorm : RowKind::None;
+  if (t == "aten::native_layer_norm_backward" && n.num_outputs() == 3)
+    return layer_norm_backward_ok(n) ? RowKind::LayerNormBackward : RowKind::None;
+  if (n.num_outputs() != 1) return RowKind::None;
   if (t == "aten::softmax.int" || t == "aten::_softmax") return softmax_ok(n) ? RowKind::Softmax : RowKind::None;
   if (t == "aten::log_softmax.int" || t == "aten::_log_softmax")
     return softmax_ok(n) ? RowKind::LogSoftmax : RowKind::None;
@@ -161,9 +213,9 @@ std::shared_ptr<const RowProgram> RowProgram::build(const ir::GraphModule& gm, s
       case NodeKind::CallModule: return fail("the graph has a call_module node");
       case NodeKind::Output:
         for (const auto& v : n.args().at(0).list()) {
-          if (!v || v->node != op) return fail("the graph returns something other than its operator's result");
+          if (!v || v->node != op) return fail("the graph returns something other than its operator's results");
+          p->output_index_.push_back(v->index);
         }
-        p->num_outputs_ = n.args().at(0).list().size();
         break;
     }
   }
@@ -175,15 +227,28 @@ std::shared_ptr<const RowProgram> RowProgram::build(const ir::GraphModule& gm, s
     case RowKind::SoftmaxBackward: p->kind_ = Kind::SoftmaxBackward; break;
     case RowKind::LogSoftmaxBackward: p->kind_ = Kind::LogSoftmaxBackward; break;
     case RowKind::LayerNorm: p->kind_ = Kind::LayerNorm; break;
+    case RowKind::NativeLayerNorm: p->kind_ = Kind::NativeLayerNorm; break;
+    case RowKind::LayerNormBackward: p->kind_ = Kind::LayerNormBackward; break;
     case RowKind::Reduce: p->kind_ = Kind::Reduce; break;
     case RowKind::None: return fail("not a row operation");
   }
   p->x_ = source_of(0);
-  if (p->kind_ == Kind::LayerNorm) {
+  for (const TensorMeta& m : op->output_meta()) p->result_sizes_.push_back(m.defined ? m.sizes : std::vector<int64_t>{});
+  if (p->kind_ == Kind::LayerNorm || p->kind_ == Kind::NativeLayerNorm) {
     for (int64_t s : op->args().at(1).constant().toIntVector()) p->cols_ *= s;
     if (!is_none(*op, 2)) p->weight_ = source_of(2);
     if (!is_none(*op, 3)) p->bias_ = source_of(3);
     p->eps_ = static_cast<float>(op->args().at(4).constant().toDouble());
+  } else if (p->kind_ == Kind::LayerNormBackward) {
+    // x_ is the gradient of the result; y_ the input; mean_, rstd_ the forward's statistics.
+    for (int64_t s : op->args().at(2).constant().toIntVector()) p->cols_ *= s;
+    p->y_ = source_of(1);
+    p->mean_src_ = source_of(3);
+    p->rstd_src_ = source_of(4);
+    if (!is_none(*op, 5)) p->weight_ = source_of(5);
+    const auto mask = op->args().at(7).constant().toBoolList();
+    for (size_t i = 0; i < 3; ++i) p->output_mask_[i] = mask.get(i) && op->output_meta()[i].defined;
+    if (p->output_mask_[1] && !p->weight_.present) return fail("a weight gradient without a weight");
   } else if (p->kind_ == Kind::Reduce) {
     const auto [first, last] = *reduced_block(*op);
     const auto& sizes = p->x_.sizes;
@@ -207,21 +272,43 @@ std::shared_ptr<const RowProgram> RowProgram::build(const ir::GraphModule& gm, s
 
 std::vector<at::Tensor> RowProgram::run(const std::vector<at::Tensor>& inputs) const {
   const at::Tensor x = x_.resolve(inputs, "the input").contiguous();
-  if (kind_ == Kind::Reduce) return std::vector<at::Tensor>(num_outputs_, reduce(x));
+  std::vector<at::Tensor> results;
+  if (kind_ == Kind::Reduce) {
+    results = {reduce(x)};
+  } else if (kind_ == Kind::LayerNormBackward) {
+    results = layer_norm_backward(inputs, x);
+  } else {
+    results = rows(inputs, x);
+  }
+  std::vector<at::Tensor> out;
+  out.reserve(output_index_.size());
+  for (size_t i : output_index_) out.push_back(results.at(i));
+  return out;
+}
+
+std::vector<at::Tensor> RowProgram::rows(const std::vector<at::Tensor>& inputs, const at::Tensor& x) const {
   at::Tensor w, b, y;
   if (y_.present) y = y_.resolve(inputs, "the softmax result").contiguous();
   if (weight_.present) w = weight_.resolve(inputs, "the weight").contiguous();
   if (bias_.present) b = bias_.resolve(inputs, "the bias").contiguous();
   at::Tensor out = at::empty(x.sizes(), x.options());
   const int64_t cols = cols_, rows = x.numel() / cols;
+  at::Tensor mean, rstd;  // native_layer_norm's second and third results
+  if (kind_ == Kind::NativeLayerNorm) {
+    mean = at::empty(result_sizes_.at(1), x.options());
+    rstd = at::empty(result_sizes_.at(2), x.options());
+  }
+  float* mp = mean.defined() ? mean.data_ptr<float>() : nullptr;
+  float* rp = rstd.defined() ? rstd.data_ptr<float>() : nullptr;
   const float* in = x.data_ptr<float>();
   float* o = out.data_ptr<float>();
   const float* wp = w.defined() ? w.data_ptr<float>() : nullptr;
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
   const float* yp = y.defined() ? y.data_ptr<float>() : nullptr;
   auto body = [&](int64_t begin, int64_t end) {
-    if (kind_ == Kind::LayerNorm) {
-      kernels_->layer_norm_rows(in + begin * cols, o + begin * cols, wp, bp, end - begin, cols, eps_);
+    if (kind_ == Kind::LayerNorm || kind_ == Kind::NativeLayerNorm) {
+      kernels_->layer_norm_rows(in + begin * cols, o + begin * cols, wp, bp, end - begin, cols, eps_,
+                                mp ? mp + begin : nullptr, rp ? rp + begin : nullptr);
     } else if (yp) {
       kernels_->softmax_backward_rows(in + begin * cols, yp + begin * cols, o + begin * cols, end - begin, cols,
                                       kind_ == Kind::LogSoftmaxBackward);
@@ -236,7 +323,62 @@ std::vector<at::Tensor> RowProgram::run(const std::vector<at::Tensor>& inputs) c
   } else {
     at::parallel_for(0, rows, grain, body);
   }
-  return std::vector<at::Tensor>(num_outputs_, out);
+  if (kind_ == Kind::NativeLayerNorm) return {out, mean, rstd};
+  return {out};
+}
+
+// native_layer_norm_backward: dx row by row; the weight and bias gradients summed over the rows
+// in blocks (one partial sum per block, blocks in parallel, then added in block order).
+std::vector<at::Tensor> RowProgram::layer_norm_backward(const std::vector<at::Tensor>& inputs,
+                                                        const at::Tensor& grad) const {
+  const at::Tensor x = y_.resolve(inputs, "the input").contiguous();
+  const at::Tensor mean = mean_src_.resolve(inputs, "the mean").contiguous();
+  const at::Tensor rstd = rstd_src_.resolve(inputs, "the rstd").contiguous();
+  at::Tensor w;
+  if (weight_.present) w = weight_.resolve(inputs, "the weight").contiguous();
+  const int64_t cols = cols_, rows = x.numel() / cols;
+  std::vector<at::Tensor> results(3);
+  if (output_mask_[0]) results[0] = at::empty(x.sizes(), x.options());
+  const bool want_params = output_mask_[1] || output_mask_[2];
+  const int64_t blocks = want_params ? std::clamp<int64_t>(rows * cols / kRowGrain, 1, 16) : 1;
+  const int64_t per_block = (rows + blocks - 1) / blocks;
+  at::Tensor partial = want_params ? at::zeros({blocks, 2, cols}, x.options()) : at::Tensor();
+  const float *g = grad.data_ptr<float>(), *xp = x.data_ptr<float>(), *mp = mean.data_ptr<float>(),
+              *rp = rstd.data_ptr<float>(), *wp = w.defined() ? w.data_ptr<float>() : nullptr;
+  float* dx = output_mask_[0] ? results[0].data_ptr<float>() : nullptr;
+  float* pp = want_params ? partial.data_ptr<float>() : nullptr;
+  auto body = [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t r0 = b * per_block, r1 = std::min(rows, r0 + per_block);
+      if (r0 >= r1) continue;
+      float* dw = output_mask_[1] ? pp + (b * 2) * cols : nullptr;
+      float* db = output_mask_[2] ? pp + (b * 2 + 1) * cols : nullptr;
+      kernels_->layer_norm_backward_rows(g + r0 * cols, xp + r0 * cols, mp + r0, rp + r0, wp,
+                                         dx ? dx + r0 * cols : nullptr, dw, db, r1 - r0, cols);
+    }
+  };
+  if (!want_params) {  // rows are independent: parallel over rows
+    const int64_t grain = std::max<int64_t>(1, kRowGrain / cols);
+    auto rows_body = [&](int64_t r0, int64_t r1) {
+      kernels_->layer_norm_backward_rows(g + r0 * cols, xp + r0 * cols, mp + r0, rp + r0, wp, dx + r0 * cols,
+                                         nullptr, nullptr, r1 - r0, cols);
+    };
+    if (rows <= grain) {
+      rows_body(0, rows);
+    } else {
+      at::parallel_for(0, rows, grain, rows_body);
+    }
+  } else if (blocks == 1) {
+    body(0, 1);
+  } else {
+    at::parallel_for(0, blocks, 1, body);
+  }
+  if (want_params) {
+    at::Tensor sums = partial.sum(0);  // (2, cols), blocks added in order
+    if (output_mask_[1]) results[1] = sums[0].reshape(result_sizes_.at(1)).contiguous();
+    if (output_mask_[2]) results[2] = sums[1].reshape(result_sizes_.at(2)).contiguous();
+  }
+  return results;
 }
 
 // One task per (outer slice, chunk of at least 256 columns); a full reduction of one long column
@@ -290,6 +432,9 @@ std::string RowProgram::describe() const {
   if (kind_ == Kind::Reduce)
     return "fused: " + name_ + " (" + std::to_string(outer_) + " x " + std::to_string(cols_) + " x " +
            std::to_string(inner_) + ", " + to_string(isa_) + ")";
+  if (kind_ == Kind::NativeLayerNorm || kind_ == Kind::LayerNormBackward)
+    return std::string("fused: ") + (kind_ == Kind::NativeLayerNorm ? "native_layer_norm" : "layer_norm_backward") +
+           " (rows of " + std::to_string(cols_) + ", " + to_string(isa_) + ")";
   const char* name = kind_ == Kind::Softmax                ? "softmax"
                      : kind_ == Kind::LogSoftmax           ? "log_softmax"
                      : kind_ == Kind::SoftmaxBackward      ? "softmax_backward"

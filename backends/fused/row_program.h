@@ -14,8 +14,9 @@ namespace torchcompile::fused {
 
 /// Whether `n` is a row operation the backend runs: `softmax.int` / `_softmax` / `log_softmax.int`
 /// / `_log_softmax` over the last dimension and their gradients `_softmax_backward_data` /
-/// `_log_softmax_backward_data`, `layer_norm` over the trailing dimensions (with
-/// optional weight and bias of the normalized shape), `sum` / `sum.dim_IntList` / `mean.dim` /
+/// `_log_softmax_backward_data`, `layer_norm` and `native_layer_norm` (also returning each row's
+/// mean and rstd) over the trailing dimensions with optional weight and bias of the normalized
+/// shape, and its gradient `native_layer_norm_backward`, `sum` / `sum.dim_IntList` / `mean.dim` /
 /// `amax` / `amin` over adjacent dimensions (any keepdim); float32 CPU tensors, contiguous input
 /// and output, no dtype conversion.
 bool row_fusible(const ir::Node& n);
@@ -35,8 +36,19 @@ class RowProgram {
 
  private:
   RowProgram() = default;
-  enum class Kind { Softmax, LogSoftmax, SoftmaxBackward, LogSoftmaxBackward, LayerNorm, Reduce };
+  enum class Kind {
+    Softmax,
+    LogSoftmax,
+    SoftmaxBackward,
+    LogSoftmaxBackward,
+    LayerNorm,
+    NativeLayerNorm,
+    LayerNormBackward,
+    Reduce
+  };
   at::Tensor reduce(const at::Tensor& x) const;
+  std::vector<at::Tensor> rows(const std::vector<at::Tensor>& inputs, const at::Tensor& x) const;
+  std::vector<at::Tensor> layer_norm_backward(const std::vector<at::Tensor>& inputs, const at::Tensor& grad) const;
 
   Kind kind_ = Kind::Softmax;
   // Reduce: the input as (outer_, cols_, inner_), cols_ reduced.
@@ -47,7 +59,10 @@ class RowProgram {
   std::vector<int64_t> out_sizes_;
   TensorSource x_, weight_, bias_;
   TensorSource y_;  // softmax backward: the forward's result (x_ is the gradient)
-  size_t num_outputs_ = 1;  // the graph returns the result this many times
+  std::vector<size_t> output_index_;             // the graph's outputs: results of the operator, by index
+  std::vector<std::vector<int64_t>> result_sizes_;  // the operator's results, as traced
+  TensorSource mean_src_, rstd_src_;             // layer_norm_backward: the forward's statistics
+  bool output_mask_[3] = {false, false, false};  // layer_norm_backward: the gradients computed
   int64_t cols_ = 1;
   float eps_ = 1e-5f;
   Isa isa_ = Isa::Sse2;

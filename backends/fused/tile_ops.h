@@ -16,7 +16,7 @@
 namespace torchcompile::fused {
 
 enum class TileOp : uint16_t {
-  // unary: d = f(a)
+  // unary: d = f(a) (GeluErf: NaN at +inf when p0 != 0)
   Neg, Abs, Relu, Sigmoid, Tanh, Exp, Expm1, Log, Log1p, Sqrt, Rsqrt, Reciprocal, Sin, Cos, Erf, GeluErf, GeluTanh,
   Silu, Square, Cube, Hardsigmoid, Hardswish, Copy,
   // unary with scalar parameters
@@ -94,8 +94,17 @@ struct IsaKernels {
   void (*softmax_backward_rows)(const float* grad, const float* y, float* out, int64_t rows, int64_t cols, bool log);
   /// Layer normalization of each of `rows` contiguous rows of `cols` floats: (x - mean) * rstd,
   /// times `weight` and plus `bias` (each `cols` floats, or null), rstd = 1 / sqrt(var + eps).
+  /// With `mean` and `rstd` non-null, each row's mean and rstd are stored there (native_layer_norm).
   void (*layer_norm_rows)(const float* in, float* out, const float* weight, const float* bias, int64_t rows,
-                          int64_t cols, float eps);
+                          int64_t cols, float eps, float* mean, float* rstd);
+  /// The gradients of layer normalization for `rows` rows of `cols` floats, from the gradient of
+  /// the result `grad`, the input `x` and each row's `mean` and `rstd`: with xhat = (x - mean)
+  /// rstd and gw = grad * weight (grad without a weight), dx = rstd (gw - mean(gw) - xhat
+  /// mean(gw xhat)) into `dx` if non-null; sum of grad xhat into `dweight` and sum of grad into
+  /// `dbias` (each `cols` floats, accumulated with +=) if non-null.
+  void (*layer_norm_backward_rows)(const float* grad, const float* x, const float* mean, const float* rstd,
+                                   const float* weight, float* dx, float* dweight, float* dbias, int64_t rows,
+                                   int64_t cols);
   /// Reduce a (red, inner) row-major block along its first dimension, for columns [i0, i1):
   /// out[i - i0] = op over r of in[r * inner + i]. Max and min propagate NaN; a sum adds blocks of
   /// rows first, then the blocks' sums.

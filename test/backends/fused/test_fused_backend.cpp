@@ -272,6 +272,51 @@ TEST_P(FusedOps, SoftmaxBackwardMatchesEager) {
   }
 }
 
+// native_layer_norm (with each row's mean and rstd) and native_layer_norm_backward with every
+// output mask, as AOT graphs hold them, with and without weight and bias, against eager.
+TEST_P(FusedOps, NativeLayerNormAndItsGradientMatchEager) {
+  ScopedEnv isa("TORCHCOMPILE_ISA", GetParam());
+  torch::manual_seed(5);
+  for (bool affine : {false, true}) {
+    for (int64_t rows : {3, 900}) {  // 900 x 2 x 37: several blocks of rows, in parallel
+      const std::vector<int64_t> shape{2, 37};
+      auto x = torch::randn({rows, 2, 37}) * 2 + 0.5;
+      auto w = affine ? c10::optional<torch::Tensor>(torch::randn(shape)) : c10::nullopt;
+      auto b = affine ? c10::optional<torch::Tensor>(torch::randn(shape)) : c10::nullopt;
+      auto fwd = [shape, w, b](torch::Tensor x) {
+        auto [y, mean, rstd] = at::native_layer_norm(x, shape, w, b, 1e-5);
+        return std::vector<torch::Tensor>{y, mean, rstd};
+      };
+      auto e = torchcompile::explain("fused", fwd, x);
+      EXPECT_NE(partition_of(e).find("fused: native_layer_norm"), std::string::npos) << e;
+      auto cf = torch::compile(fwd, "fused");
+      auto want = fwd(x), got = second_call(cf, x);
+      for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(tensors_close(want[i], got[i], kRtol, kAtol)) << "forward " << i;
+
+      auto g = torch::randn({rows, 2, 37});
+      const auto mean = want[1], rstd = want[2];
+      for (int m = 1; m < 8; ++m) {
+        std::array<bool, 3> mask{(m & 1) != 0, affine && (m & 2) != 0, affine && (m & 4) != 0};
+        if (!mask[0] && !mask[1] && !mask[2]) continue;
+        auto bwd = [shape, w, b, mask](torch::Tensor g, torch::Tensor x, torch::Tensor mean, torch::Tensor rstd) {
+          auto [dx, dw, db] = at::native_layer_norm_backward(g, x, shape, mean, rstd, w, b, mask);
+          std::vector<torch::Tensor> out;
+          for (const auto& t : {dx, dw, db})
+            if (t.defined()) out.push_back(t);
+          return out;
+        };
+        auto eb = torchcompile::explain("fused", bwd, g, x, mean, rstd);
+        EXPECT_NE(partition_of(eb).find("fused: layer_norm_backward"), std::string::npos) << eb;
+        auto cb = torch::compile(bwd, "fused");
+        auto wb = bwd(g, x, mean, rstd), gb = second_call(cb, g, x, mean, rstd);
+        ASSERT_EQ(wb.size(), gb.size());
+        for (size_t i = 0; i < wb.size(); ++i)
+          EXPECT_TRUE(tensors_close(wb[i], gb[i], kRtol, 1e-4)) << "mask " << m << " gradient " << i << " rows " << rows;
+      }
+    }
+  }
+}
+
 // ---- randomized programs ------------------------------------------------------------------------
 
 // A random program over a pool of values: x (the iteration shape), b (a shape that broadcasts to
@@ -607,7 +652,8 @@ TEST(PartitionedBackend, ComposesAUsersBackendByItsClaim) {
 TEST(FusedBackend, AotBackwardGraphsMatchEager) {
   torch::manual_seed(0);
   auto net = torch::nn::Sequential(torch::nn::Linear(16, 32), torch::nn::GELU(), torch::nn::Linear(32, 32),
-                                   torch::nn::Tanh(), torch::nn::Linear(32, 4), torch::nn::Sigmoid());
+                                   torch::nn::LayerNorm(torch::nn::LayerNormOptions({32})), torch::nn::Tanh(),
+                                   torch::nn::Linear(32, 4), torch::nn::Sigmoid(), torch::nn::Softmax(-1));
   auto reference = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(net->clone());
   // The forward and backward graphs' pointwise operators run in fused programs.
   {
@@ -616,7 +662,8 @@ TEST(FusedBackend, AotBackwardGraphsMatchEager) {
     ASSERT_EQ(e.compiled.size(), 1u);
     EXPECT_EQ(e.compiled[0].backend, "aot_fused") << e;
     for (const char* part : {"fused: gelu (", "fused: tanh (", "fused: sigmoid (", "fused: gelu_backward",
-                             "fused: tanh_backward", "fused: sigmoid_backward"})
+                             "fused: tanh_backward", "fused: sigmoid_backward", "fused: native_layer_norm",
+                             "fused: layer_norm_backward", "fused: softmax (", "fused: softmax_backward"})
       EXPECT_NE(partition_of(e).find(part), std::string::npos) << part << "\n" << e;
   }
   auto compiled = torch::compile(net.ptr(), "aot_fused");
