@@ -432,15 +432,39 @@ float reduce_contiguous(const float* x, int64_t n, float init, Combine c) {
 inline vf v_max_nan(vf a, vf b) { return v_max(a, b); }
 inline vf v_min_nan(vf a, vf b) { return v_min(a, b); }
 
-void reduce_block(const float* in, float* out, int64_t red, int64_t inner, int64_t i0, int64_t i1, ReduceOp op) {
-  auto sum = [](vf a, vf b) { return a + b; };
+// The variance (sum of squared deviations over `divisor`), or its square root, of `width`
+// (<= kLanes) adjacent columns of a (red, stride) block, in double as ATen's CPU kernel
+// accumulates: the mean first, then the squared deviations. Lanes past `width` are 0.
+std::array<double, kLanes> column_variance(const float* in, int64_t red, int64_t stride, int64_t width,
+                                           double divisor, bool root) {
+  std::array<double, kLanes> mean{}, var{};
+  for (int64_t r = 0; r < red; ++r)
+    for (int64_t l = 0; l < width; ++l) mean[l] += in[r * stride + l];
+  for (int64_t l = 0; l < width; ++l) mean[l] /= static_cast<double>(red);
+  for (int64_t r = 0; r < red; ++r) {
+    for (int64_t l = 0; l < width; ++l) {
+      const double d = in[r * stride + l] - mean[l];
+      var[l] += d * d;
+    }
+  }
+  for (int64_t l = 0; l < width; ++l) var[l] = root ? std::sqrt(var[l] / divisor) : var[l] / divisor;
+  return var;
+}
+
+void reduce_block(const float* in, float* out, int64_t red, int64_t inner, int64_t i0, int64_t i1, ReduceOp op,
+                  double divisor) {
+  const bool variance = op == ReduceOp::Variance || op == ReduceOp::StdDev;
   if (inner == 1) {
     for (int64_t i = i0; i < i1; ++i) {  // i1 - i0 <= 1 here
-      if (op == ReduceOp::Sum) {
+      auto blocked_sum = [&](auto f) {
         float total = 0;
-        for (int64_t r = 0; r < red; r += kSumBlock * 16)
-          total += reduce_contiguous(in + r, std::min(kSumBlock * 16, red - r), 0.f, sum);
-        out[i - i0] = total;
+        for (int64_t r = 0; r < red; r += kSumBlock * 16) total += row_sum(in + r, std::min(kSumBlock * 16, red - r), f);
+        return total;
+      };
+      if (op == ReduceOp::Sum) {
+        out[i - i0] = blocked_sum([](vf v) { return v; });
+      } else if (variance) {
+        out[i - i0] = static_cast<float>(column_variance(in, red, 1, 1, divisor, op == ReduceOp::StdDev)[0]);
       } else {
         out[i - i0] = op == ReduceOp::Max ? reduce_contiguous(in, red, -__builtin_inff(), v_max_nan)
                                           : reduce_contiguous(in, red, __builtin_inff(), v_min_nan);
@@ -451,14 +475,21 @@ void reduce_block(const float* in, float* out, int64_t red, int64_t inner, int64
   // Columns in vectors: each output vector accumulates over the rows.
   auto columns = [&](int64_t c0, int64_t width) {
     auto load = [&](int64_t r) { return width == kLanes ? loadu(in + r * inner + c0) : load_partial(in + r * inner + c0, width); };
-    vf acc;
-    if (op == ReduceOp::Sum) {
-      acc = splat(0.f);
+    auto blocked_sum = [&](auto f) {
+      vf total = splat(0.f);
       for (int64_t r0 = 0; r0 < red; r0 += kSumBlock) {
         vf part = splat(0.f);
-        for (int64_t r = r0; r < std::min(red, r0 + kSumBlock); ++r) part += load(r);
-        acc += part;
+        for (int64_t r = r0; r < std::min(red, r0 + kSumBlock); ++r) part += f(load(r));
+        total += part;
       }
+      return total;
+    };
+    vf acc;
+    if (op == ReduceOp::Sum) {
+      acc = blocked_sum([](vf v) { return v; });
+    } else if (variance) {
+      const auto var = column_variance(in + c0, red, inner, width, divisor, op == ReduceOp::StdDev);
+      for (int l = 0; l < kLanes; ++l) acc[l] = static_cast<float>(var[l]);
     } else {
       acc = load(0);
       for (int64_t r = 1; r < red; ++r) acc = op == ReduceOp::Max ? v_max(acc, load(r)) : v_min(acc, load(r));

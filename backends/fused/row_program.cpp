@@ -80,15 +80,37 @@ bool layer_norm_ok(const Node& n) {
   return eps.is_constant() && eps.constant().isDouble();
 }
 
-// sum / mean / amax / amin over one block of adjacent dimensions (all of them for an empty or
-// absent list), no dtype conversion. Returns the block [first, last] of reduced dimensions.
+bool is_variance(const std::string& t) {
+  return t == "aten::var.correction" || t == "aten::std.correction" || t == "aten::var.dim" ||
+         t == "aten::std.dim" || t == "aten::var" || t == "aten::std";
+}
+
+// var / std's correction (the divisor is N - correction): var.dim's `unbiased`, or
+// var.correction's correction (None: 1; an int, or in LibTorch 2.x a number).
+std::optional<double> variance_correction(const Node& n) {
+  const bool whole = n.target() == "aten::var" || n.target() == "aten::std";  // (self, unbiased)
+  const auto& a = n.args().at(whole ? 1 : 2);
+  if (!a.is_constant()) return std::nullopt;
+  const c10::IValue& v = a.constant();
+  if (whole || n.target() == "aten::var.dim" || n.target() == "aten::std.dim") {
+    if (!v.isBool()) return std::nullopt;
+    return v.toBool() ? 1.0 : 0.0;
+  }
+  if (v.isNone()) return 1.0;
+  if (v.isInt()) return static_cast<double>(v.toInt());
+  if (v.isDouble()) return v.toDouble();
+  return std::nullopt;
+}
+
+// sum / mean / amax / amin / var / std over one block of adjacent dimensions (all of them for an
+// empty or absent list), no dtype conversion. Returns the block [first, last] of reduced dimensions.
 std::optional<std::pair<int64_t, int64_t>> reduced_block(const Node& n) {
   auto x = float_arg(n, 0);
   if (!x) return std::nullopt;
   const int64_t rank = static_cast<int64_t>(meta_of(*x).sizes.size());
   const std::string& t = n.target();
   std::vector<int64_t> dims;
-  if (t != "aten::sum") {  // sum(self, dtype) reduces everything
+  if (t != "aten::sum" && t != "aten::var" && t != "aten::std") {  // those reduce everything
     const auto& d = n.args().at(1);
     if (!d.is_constant()) return std::nullopt;
     if (d.constant().isIntList()) {
@@ -97,8 +119,11 @@ std::optional<std::pair<int64_t, int64_t>> reduced_block(const Node& n) {
       return std::nullopt;
     }
   }
-  // dtype: argument 1 of sum(self, dtype), 3 of sum.dim_IntList / mean.dim; amax / amin have none.
-  const size_t dtype_arg = t == "aten::sum" ? 1 : (t == "aten::amax" || t == "aten::amin") ? 0 : 3;
+  // dtype: argument 1 of sum(self, dtype), 3 of sum.dim_IntList / mean.dim; amax / amin / var /
+  // std have none.
+  if (is_variance(t) && !variance_correction(n)) return std::nullopt;
+  const size_t dtype_arg =
+      t == "aten::sum" ? 1 : (t == "aten::amax" || t == "aten::amin" || is_variance(t)) ? 0 : 3;
   if (dtype_arg && !is_none(n, dtype_arg)) return std::nullopt;
   if (dims.empty()) {
     if (t == "aten::amax" || t == "aten::amin") return std::nullopt;  // an empty list is an error there
@@ -182,7 +207,7 @@ RowKind row_kind(const Node& n) {
     return softmax_backward_ok(n) ? RowKind::LogSoftmaxBackward : RowKind::None;
   if (t == "aten::layer_norm") return layer_norm_ok(n) ? RowKind::LayerNorm : RowKind::None;
   if (t == "aten::sum" || t == "aten::sum.dim_IntList" || t == "aten::mean.dim" || t == "aten::amax" ||
-      t == "aten::amin")
+      t == "aten::amin" || is_variance(t))
     return reduced_block(n) ? RowKind::Reduce : RowKind::None;
   return RowKind::None;
 }
@@ -256,8 +281,14 @@ std::shared_ptr<const RowProgram> RowProgram::build(const ir::GraphModule& gm, s
     for (int64_t d = 0; d < static_cast<int64_t>(sizes.size()); ++d)
       (d < first ? p->outer_ : d > last ? p->inner_ : p->cols_) *= sizes[d];
     const std::string& t = op->target();
-    p->reduce_ = t == "aten::amax" ? ReduceOp::Max : t == "aten::amin" ? ReduceOp::Min : ReduceOp::Sum;
+    p->reduce_ = t == "aten::amax"   ? ReduceOp::Max
+                 : t == "aten::amin" ? ReduceOp::Min
+                 : is_variance(t)    ? (t.rfind("aten::std", 0) == 0 ? ReduceOp::StdDev : ReduceOp::Variance)
+                                     : ReduceOp::Sum;
     p->mean_ = t == "aten::mean.dim";
+    // var / std: ATen divides by max(0, N - correction) (0: inf or NaN, as here).
+    if (is_variance(t))
+      p->divisor_ = std::max(0.0, static_cast<double>(p->cols_) - *variance_correction(*op));
     p->name_ = t.substr(6, t.find('.') == std::string::npos ? std::string::npos : t.find('.') - 6);
     p->out_sizes_ = op->output_meta()[0].sizes;
   } else {
@@ -392,14 +423,16 @@ at::Tensor RowProgram::reduce(const at::Tensor& x) const {
   const ReduceOp op = reduce_;
   const float scale = mean_ ? static_cast<float>(red) : 1.f;
   const int64_t total = outer * red * inner;
-  if (outer * inner == 1 && total > kRowGrain) {
+  const double divisor = divisor_;
+  const bool variance = op == ReduceOp::Variance || op == ReduceOp::StdDev;
+  if (outer * inner == 1 && total > kRowGrain && !variance) {  // (a variance's partial results do not add)
     const int64_t grain = kRowGrain;
     const float ident = op == ReduceOp::Sum ? 0.f : op == ReduceOp::Max ? -INFINITY : INFINITY;
     *o = at::parallel_reduce(
         0, red, grain, ident,
         [&](int64_t b, int64_t e, float) {
           float r;
-          kernel(in + b, &r, e - b, 1, 0, 1, op);
+          kernel(in + b, &r, e - b, 1, 0, 1, op, divisor);
           return r;
         },
         [op](float a, float b) {
@@ -413,7 +446,7 @@ at::Tensor RowProgram::reduce(const at::Tensor& x) const {
     auto body = [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) {
         const int64_t s = t / chunks, c0 = (t % chunks) * chunk, c1 = std::min(inner, c0 + chunk);
-        kernel(in + s * red * inner, o + s * inner + c0, red, inner, c0, c1, op);
+        kernel(in + s * red * inner, o + s * inner + c0, red, inner, c0, c1, op, divisor);
       }
     };
     const int64_t tasks = outer * chunks;

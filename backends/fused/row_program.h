@@ -17,7 +17,7 @@ namespace torchcompile::fused {
 /// `_log_softmax_backward_data`, `layer_norm` and `native_layer_norm` (also returning each row's
 /// mean and rstd) over the trailing dimensions with optional weight and bias of the normalized
 /// shape, and its gradient `native_layer_norm_backward`, `sum` / `sum.dim_IntList` / `mean.dim` /
-/// `amax` / `amin` over adjacent dimensions (any keepdim); float32 CPU tensors, contiguous input
+/// `amax` / `amin` / `var` / `std` (`.dim`, `.correction`) over adjacent dimensions (any keepdim); float32 CPU tensors, contiguous input
 /// and output, no dtype conversion.
 bool row_fusible(const ir::Node& n);
 
@@ -55,6 +55,7 @@ class RowProgram {
   int64_t outer_ = 1, inner_ = 1;
   ReduceOp reduce_ = ReduceOp::Sum;
   bool mean_ = false;
+  double divisor_ = 1;  // var / std: max(0, N - correction)
   std::string name_;
   std::vector<int64_t> out_sizes_;
   TensorSource x_, weight_, bias_;

@@ -78,7 +78,13 @@ struct TileInstr {
 };
 
 /// Reductions of the row programs.
-enum class ReduceOp : uint8_t { Sum, Max, Min };
+enum class ReduceOp : uint8_t {
+  Sum,
+  Max,
+  Min,
+  Variance,  ///< the sum of (x - mean)^2 over `divisor`, mean that of the same column: two passes, in double
+  StdDev,    ///< the square root of Variance (taken in double, before rounding to float)
+};
 
 /// The kernels of one ISA.
 struct IsaKernels {
@@ -106,9 +112,10 @@ struct IsaKernels {
                                    const float* weight, float* dx, float* dweight, float* dbias, int64_t rows,
                                    int64_t cols);
   /// Reduce a (red, inner) row-major block along its first dimension, for columns [i0, i1):
-  /// out[i - i0] = op over r of in[r * inner + i]. Max and min propagate NaN; a sum adds blocks of
+  /// out[i - i0] = op over r of in[r * inner + i] (`divisor`: Variance and StdDev only). Max and min propagate NaN; a sum adds blocks of
   /// rows first, then the blocks' sums.
-  void (*reduce_block)(const float* in, float* out, int64_t red, int64_t inner, int64_t i0, int64_t i1, ReduceOp op);
+  void (*reduce_block)(const float* in, float* out, int64_t red, int64_t inner, int64_t i0, int64_t i1, ReduceOp op,
+                       double divisor);
 };
 
 /// The kernels compiled for each ISA (kernels_avx512.cpp, kernels_avx2.cpp, kernels_sse2.cpp).

@@ -223,6 +223,10 @@ TEST_P(FusedOps, RowOperationsMatchEager) {
       {"amax_last", [](const torch::Tensor& x) { return x.amax(-1); }},
       {"amax_first", [](const torch::Tensor& x) { return x.amax(0); }},
       {"amin_middle", [](const torch::Tensor& x) { return x.amin(1, /*keepdim=*/true); }},
+      {"var_last", [](const torch::Tensor& x) { return x.var(-1); }},
+      {"std_middle_biased_keepdim", [](const torch::Tensor& x) { return x.std(1, /*unbiased=*/false, true); }},
+      {"var_first", [](const torch::Tensor& x) { return x.var(0); }},
+      {"var_all", [](const torch::Tensor& x) { return x.var(); }},
   };
   for (const auto& [name, f] : cases) {
     SCOPED_TRACE(name);
