@@ -17,7 +17,6 @@
 #include <limits>
 #include <type_traits>
 #include <unordered_map>
-#include <unordered_set>
 
 namespace torchcompile::fused {
 
@@ -363,71 +362,78 @@ std::optional<uint32_t> clone_copy(const Node& n, Emitter* e) {
   return e ? e->emit(TileOp::Copy, e->arg(n, 0)) : 0u;
 }
 
-const std::unordered_map<std::string, Lower>& lowerings() {
-  static const std::unordered_map<std::string, Lower> table = {
-      {"aten::add.Tensor", &add_tensor<1>},
-      {"aten::sub.Tensor", &add_tensor<-1>},
-      {"aten::add.Scalar", &add_scalar<1>},
-      {"aten::sub.Scalar", &add_scalar<-1>},
-      {"aten::rsub.Tensor", &rsub_tensor},
-      {"aten::rsub.Scalar", &rsub_scalar},
-      {"aten::mul.Tensor", &binary<TileOp::Mul>},
-      {"aten::mul.Scalar", &with_scalar<TileOp::MulS>},
-      {"aten::div.Tensor", &binary<TileOp::Div>},
-      {"aten::div.Scalar", &with_scalar<TileOp::DivS>},
-      {"aten::maximum", &binary<TileOp::Max>},
-      {"aten::minimum", &binary<TileOp::Min>},
-      {"aten::neg", &unary<TileOp::Neg>},
-      {"aten::abs", &unary<TileOp::Abs>},
-      {"aten::relu", &unary<TileOp::Relu>},
-      {"aten::sigmoid", &unary<TileOp::Sigmoid>},
-      {"aten::tanh", &unary<TileOp::Tanh>},
-      {"aten::exp", &unary<TileOp::Exp>},
-      {"aten::expm1", &unary<TileOp::Expm1>},
-      {"aten::log", &unary<TileOp::Log>},
-      {"aten::log1p", &unary<TileOp::Log1p>},
-      {"aten::sqrt", &unary<TileOp::Sqrt>},
-      {"aten::rsqrt", &unary<TileOp::Rsqrt>},
-      {"aten::reciprocal", &unary<TileOp::Reciprocal>},
-      {"aten::sin", &unary<TileOp::Sin>},
-      {"aten::cos", &unary<TileOp::Cos>},
-      {"aten::erf", &unary<TileOp::Erf>},
-      {"aten::silu", &unary<TileOp::Silu>},
-      {"aten::hardsigmoid", &unary<TileOp::Hardsigmoid>},
-      {"aten::hardswish", &unary<TileOp::Hardswish>},
-      {"aten::gelu", &gelu},
-      {"aten::leaky_relu", &leaky_relu},
-      {"aten::hardtanh", &hardtanh},
-      {"aten::relu6", &relu6},
-      {"aten::clamp", &clamp},
-      {"aten::clamp_min", &clamp_min},
-      {"aten::clamp_max", &clamp_max},
-      {"aten::pow.Tensor_Scalar", &pow_scalar},
-      {"aten::threshold_backward", &threshold_backward},
-      {"aten::sigmoid_backward", &binary<TileOp::SigmoidBackward>},
-      {"aten::tanh_backward", &binary<TileOp::TanhBackward>},
-      {"aten::gelu_backward", &gelu_backward},
-      {"aten::contiguous", &contiguous_copy},
-      {"aten::clone", &clone_copy},
-      {"aten::lt.Tensor", &compare_tensor<CmpKind::Lt>},
-      {"aten::le.Tensor", &compare_tensor<CmpKind::Le>},
-      {"aten::gt.Tensor", &compare_tensor<CmpKind::Gt>},
-      {"aten::ge.Tensor", &compare_tensor<CmpKind::Ge>},
-      {"aten::eq.Tensor", &compare_tensor<CmpKind::Eq>},
-      {"aten::ne.Tensor", &compare_tensor<CmpKind::Ne>},
-      {"aten::lt.Scalar", &compare_scalar<CmpKind::Lt>},
-      {"aten::le.Scalar", &compare_scalar<CmpKind::Le>},
-      {"aten::gt.Scalar", &compare_scalar<CmpKind::Gt>},
-      {"aten::ge.Scalar", &compare_scalar<CmpKind::Ge>},
-      {"aten::eq.Scalar", &compare_scalar<CmpKind::Eq>},
-      {"aten::ne.Scalar", &compare_scalar<CmpKind::Ne>},
-      {"aten::logical_not", &unary<TileOp::LogicalNot>},
-      {"aten::logical_and", &binary<TileOp::LogicalAnd>},
-      {"aten::logical_or", &binary<TileOp::LogicalOr>},
-      {"aten::masked_fill.Scalar", &masked_fill_scalar},
-      {"aten::where.self", &where_self},
-      {"aten::where.ScalarSelf", &where_scalar_self},
-      {"aten::where.ScalarOther", &where_scalar_other},
+// An operator's lowering, and whether its result is a mask (ATen: bool; every other operator
+// must give float32).
+struct Lowering {
+  Lower lower;
+  bool gives_mask = false;
+};
+
+const std::unordered_map<std::string, Lowering>& lowerings() {
+  static const std::unordered_map<std::string, Lowering> table = {
+      {"aten::add.Tensor", {&add_tensor<1>}},
+      {"aten::sub.Tensor", {&add_tensor<-1>}},
+      {"aten::add.Scalar", {&add_scalar<1>}},
+      {"aten::sub.Scalar", {&add_scalar<-1>}},
+      {"aten::rsub.Tensor", {&rsub_tensor}},
+      {"aten::rsub.Scalar", {&rsub_scalar}},
+      {"aten::mul.Tensor", {&binary<TileOp::Mul>}},
+      {"aten::mul.Scalar", {&with_scalar<TileOp::MulS>}},
+      {"aten::div.Tensor", {&binary<TileOp::Div>}},
+      {"aten::div.Scalar", {&with_scalar<TileOp::DivS>}},
+      {"aten::maximum", {&binary<TileOp::Max>}},
+      {"aten::minimum", {&binary<TileOp::Min>}},
+      {"aten::neg", {&unary<TileOp::Neg>}},
+      {"aten::abs", {&unary<TileOp::Abs>}},
+      {"aten::relu", {&unary<TileOp::Relu>}},
+      {"aten::sigmoid", {&unary<TileOp::Sigmoid>}},
+      {"aten::tanh", {&unary<TileOp::Tanh>}},
+      {"aten::exp", {&unary<TileOp::Exp>}},
+      {"aten::expm1", {&unary<TileOp::Expm1>}},
+      {"aten::log", {&unary<TileOp::Log>}},
+      {"aten::log1p", {&unary<TileOp::Log1p>}},
+      {"aten::sqrt", {&unary<TileOp::Sqrt>}},
+      {"aten::rsqrt", {&unary<TileOp::Rsqrt>}},
+      {"aten::reciprocal", {&unary<TileOp::Reciprocal>}},
+      {"aten::sin", {&unary<TileOp::Sin>}},
+      {"aten::cos", {&unary<TileOp::Cos>}},
+      {"aten::erf", {&unary<TileOp::Erf>}},
+      {"aten::silu", {&unary<TileOp::Silu>}},
+      {"aten::hardsigmoid", {&unary<TileOp::Hardsigmoid>}},
+      {"aten::hardswish", {&unary<TileOp::Hardswish>}},
+      {"aten::gelu", {&gelu}},
+      {"aten::leaky_relu", {&leaky_relu}},
+      {"aten::hardtanh", {&hardtanh}},
+      {"aten::relu6", {&relu6}},
+      {"aten::clamp", {&clamp}},
+      {"aten::clamp_min", {&clamp_min}},
+      {"aten::clamp_max", {&clamp_max}},
+      {"aten::pow.Tensor_Scalar", {&pow_scalar}},
+      {"aten::threshold_backward", {&threshold_backward}},
+      {"aten::sigmoid_backward", {&binary<TileOp::SigmoidBackward>}},
+      {"aten::tanh_backward", {&binary<TileOp::TanhBackward>}},
+      {"aten::gelu_backward", {&gelu_backward}},
+      {"aten::contiguous", {&contiguous_copy}},
+      {"aten::clone", {&clone_copy}},
+      {"aten::lt.Tensor", {&compare_tensor<CmpKind::Lt>, true}},
+      {"aten::le.Tensor", {&compare_tensor<CmpKind::Le>, true}},
+      {"aten::gt.Tensor", {&compare_tensor<CmpKind::Gt>, true}},
+      {"aten::ge.Tensor", {&compare_tensor<CmpKind::Ge>, true}},
+      {"aten::eq.Tensor", {&compare_tensor<CmpKind::Eq>, true}},
+      {"aten::ne.Tensor", {&compare_tensor<CmpKind::Ne>, true}},
+      {"aten::lt.Scalar", {&compare_scalar<CmpKind::Lt>, true}},
+      {"aten::le.Scalar", {&compare_scalar<CmpKind::Le>, true}},
+      {"aten::gt.Scalar", {&compare_scalar<CmpKind::Gt>, true}},
+      {"aten::ge.Scalar", {&compare_scalar<CmpKind::Ge>, true}},
+      {"aten::eq.Scalar", {&compare_scalar<CmpKind::Eq>, true}},
+      {"aten::ne.Scalar", {&compare_scalar<CmpKind::Ne>, true}},
+      {"aten::logical_not", {&unary<TileOp::LogicalNot>, true}},
+      {"aten::logical_and", {&binary<TileOp::LogicalAnd>, true}},
+      {"aten::logical_or", {&binary<TileOp::LogicalOr>, true}},
+      {"aten::masked_fill.Scalar", {&masked_fill_scalar}},
+      {"aten::where.self", {&where_self}},
+      {"aten::where.ScalarSelf", {&where_scalar_self}},
+      {"aten::where.ScalarOther", {&where_scalar_other}},
   };
   return table;
 }
@@ -507,15 +513,6 @@ void merge_arithmetic(std::vector<VInstr>* code, const std::vector<uint32_t>& ou
 
 }  // namespace
 
-// The operators whose result is a mask (ATen: bool); every other one must give float32.
-bool gives_mask(const std::string& target) {
-  static const std::unordered_set<std::string> ops = {
-      "aten::lt.Tensor", "aten::le.Tensor", "aten::gt.Tensor",   "aten::ge.Tensor",     "aten::eq.Tensor",
-      "aten::ne.Tensor", "aten::lt.Scalar", "aten::le.Scalar",   "aten::gt.Scalar",     "aten::ge.Scalar",
-      "aten::eq.Scalar", "aten::ne.Scalar", "aten::logical_not", "aten::logical_and",   "aten::logical_or"};
-  return ops.count(target) > 0;
-}
-
 bool fusible(const Node& n) {
   if (n.kind() != NodeKind::CallFunction) return false;
   const auto& table = lowerings();
@@ -523,13 +520,13 @@ bool fusible(const Node& n) {
   if (it == table.end()) return false;
   if (n.num_outputs() != 1) return false;
   const TensorMeta& out = n.output_meta()[0];
-  if (!(gives_mask(n.target()) ? is_bool_cpu(out) : is_float_cpu(out))) return false;
+  if (!(it->second.gives_mask ? is_bool_cpu(out) : is_float_cpu(out))) return false;
   if (out.sizes.size() > kMaxRank) return false;
   for (const auto& a : n.args()) {
     if (a.is_list()) return false;
     if (a.is_value() && !is_float_cpu(meta_of(a.value())) && !is_bool_cpu(meta_of(a.value()))) return false;
   }
-  return it->second(n, nullptr).has_value();
+  return it->second.lower(n, nullptr).has_value();
 }
 
 std::shared_ptr<const FusedProgram> FusedProgram::build(const ir::GraphModule& gm, std::string* why) {
@@ -563,7 +560,7 @@ std::shared_ptr<const FusedProgram> FusedProgram::build(const ir::GraphModule& g
       }
       case NodeKind::CallFunction: {
         if (!fusible(n)) return fail("'" + n.name() + "' (" + n.target() + ") is not fusible");
-        auto r = lowerings().at(n.target())(n, &e);
+        auto r = lowerings().at(n.target()).lower(n, &e);
         e.vreg_of[Value{const_cast<Node*>(&n), 0}] = *r;
         const std::string& t = n.target();  // `aten::mul.Scalar` -> `mul`
         p->op_names_.push_back(t.substr(t.find("::") + 2, t.find('.') == std::string::npos ? std::string::npos

@@ -60,22 +60,31 @@ bool softmax_backward_ok(const Node& n) {
          static_cast<c10::ScalarType>(a3.constant().toInt()) == c10::ScalarType::Float;
 }
 
+// The constant argument i of n as a layer norm's normalized shape: trailing dimensions of x.
+std::optional<std::vector<int64_t>> normalized_shape(const Node& n, size_t i, const Value& x) {
+  const auto& a = n.args().at(i);
+  if (!a.is_constant() || !a.constant().isIntList()) return std::nullopt;
+  auto shape = a.constant().toIntVector();
+  const auto& sizes = meta_of(x).sizes;
+  if (shape.empty() || shape.size() > sizes.size() ||
+      !std::equal(shape.begin(), shape.end(), sizes.end() - static_cast<std::ptrdiff_t>(shape.size())))
+    return std::nullopt;
+  return shape;
+}
+
+// The optional weight or bias argument i of n: None, or a tensor of the normalized shape.
+bool affine_ok(const Node& n, size_t i, const std::vector<int64_t>& shape) {
+  if (is_none(n, i)) return true;
+  auto w = float_arg(n, i);
+  return w && meta_of(*w).sizes == shape;
+}
+
 // layer_norm(input, normalized_shape, weight?, bias?, eps, cudnn_enable) over trailing dims.
 bool layer_norm_ok(const Node& n) {
   auto x = float_arg(n, 0);
   if (!x) return false;
-  const auto& shape_arg = n.args().at(1);
-  if (!shape_arg.is_constant() || !shape_arg.constant().isIntList()) return false;
-  const auto shape = shape_arg.constant().toIntVector();
-  const auto& sizes = meta_of(*x).sizes;
-  if (shape.empty() || shape.size() > sizes.size() ||
-      !std::equal(shape.begin(), shape.end(), sizes.end() - static_cast<std::ptrdiff_t>(shape.size())))
-    return false;
-  for (size_t i : {2u, 3u}) {
-    if (is_none(n, i)) continue;
-    auto w = float_arg(n, i);
-    if (!w || meta_of(*w).sizes != shape) return false;
-  }
+  const auto shape = normalized_shape(n, 1, *x);
+  if (!shape || !affine_ok(n, 2, *shape) || !affine_ok(n, 3, *shape)) return false;
   const auto& eps = n.args().at(4);
   return eps.is_constant() && eps.constant().isDouble();
 }
@@ -145,39 +154,21 @@ std::optional<std::pair<int64_t, int64_t>> reduced_block(const Node& n) {
 bool layer_norm_backward_ok(const Node& n) {
   auto g = float_arg(n, 0), x = float_arg(n, 1), mean = float_arg(n, 3), rstd = float_arg(n, 4);
   if (!g || !x || !mean || !rstd || meta_of(*g).sizes != meta_of(*x).sizes) return false;
-  const auto& shape_arg = n.args().at(2);
-  if (!shape_arg.is_constant() || !shape_arg.constant().isIntList()) return false;
-  const auto shape = shape_arg.constant().toIntVector();
+  const auto shape = normalized_shape(n, 2, *x);
+  if (!shape || !affine_ok(n, 5, *shape)) return false;
   const auto& sizes = meta_of(*x).sizes;
-  if (shape.empty() || shape.size() > sizes.size() ||
-      !std::equal(shape.begin(), shape.end(), sizes.end() - static_cast<std::ptrdiff_t>(shape.size())))
-    return false;
   int64_t rows = 1;
-  for (size_t d = 0; d + shape.size() < sizes.size(); ++d) rows *= sizes[d];
+  for (size_t d = 0; d + shape->size() < sizes.size(); ++d) rows *= sizes[d];
   for (const auto& m : {meta_of(*mean), meta_of(*rstd)}) {
     int64_t numel = 1;
     for (int64_t s : m.sizes) numel *= s;
     if (numel != rows) return false;
   }
-  if (!is_none(n, 5)) {
-    auto w = float_arg(n, 5);
-    if (!w || meta_of(*w).sizes != shape) return false;
-  }
   const auto& mask = n.args().at(7);
   return mask.is_constant() && mask.constant().isBoolList() && mask.constant().toBoolList().size() == 3;
 }
 
-enum class RowKind {
-  Softmax,
-  LogSoftmax,
-  SoftmaxBackward,
-  LogSoftmaxBackward,
-  LayerNorm,
-  NativeLayerNorm,
-  LayerNormBackward,
-  Reduce,
-  None
-};
+using Kind = RowProgram::Kind;
 
 // Every defined result of n (at least one) is a contiguous float32 CPU tensor.
 bool results_ok(const Node& n) {
@@ -190,31 +181,28 @@ bool results_ok(const Node& n) {
   return any;
 }
 
-RowKind row_kind(const Node& n) {
-  if (n.kind() != NodeKind::CallFunction || !results_ok(n)) return RowKind::None;
+std::optional<Kind> row_kind(const Node& n) {
+  if (n.kind() != NodeKind::CallFunction || !results_ok(n)) return std::nullopt;
+  auto when = [](bool ok, Kind k) { return ok ? std::optional<Kind>(k) : std::nullopt; };
   const std::string& t = n.target();
-  if (t == "aten::native_layer_norm" && n.num_outputs() == 3)
-    return layer_norm_ok(n) ? RowKind::NativeLayerNorm : RowKind::None;
+  if (t == "aten::native_layer_norm" && n.num_outputs() == 3) return when(layer_norm_ok(n), Kind::NativeLayerNorm);
   if (t == "aten::native_layer_norm_backward" && n.num_outputs() == 3)
-    return layer_norm_backward_ok(n) ? RowKind::LayerNormBackward : RowKind::None;
-  if (n.num_outputs() != 1) return RowKind::None;
-  if (t == "aten::softmax.int" || t == "aten::_softmax") return softmax_ok(n) ? RowKind::Softmax : RowKind::None;
-  if (t == "aten::log_softmax.int" || t == "aten::_log_softmax")
-    return softmax_ok(n) ? RowKind::LogSoftmax : RowKind::None;
-  if (t == "aten::_softmax_backward_data")
-    return softmax_backward_ok(n) ? RowKind::SoftmaxBackward : RowKind::None;
-  if (t == "aten::_log_softmax_backward_data")
-    return softmax_backward_ok(n) ? RowKind::LogSoftmaxBackward : RowKind::None;
-  if (t == "aten::layer_norm") return layer_norm_ok(n) ? RowKind::LayerNorm : RowKind::None;
+    return when(layer_norm_backward_ok(n), Kind::LayerNormBackward);
+  if (n.num_outputs() != 1) return std::nullopt;
+  if (t == "aten::softmax.int" || t == "aten::_softmax") return when(softmax_ok(n), Kind::Softmax);
+  if (t == "aten::log_softmax.int" || t == "aten::_log_softmax") return when(softmax_ok(n), Kind::LogSoftmax);
+  if (t == "aten::_softmax_backward_data") return when(softmax_backward_ok(n), Kind::SoftmaxBackward);
+  if (t == "aten::_log_softmax_backward_data") return when(softmax_backward_ok(n), Kind::LogSoftmaxBackward);
+  if (t == "aten::layer_norm") return when(layer_norm_ok(n), Kind::LayerNorm);
   if (t == "aten::sum" || t == "aten::sum.dim_IntList" || t == "aten::mean.dim" || t == "aten::amax" ||
       t == "aten::amin" || is_variance(t))
-    return reduced_block(n) ? RowKind::Reduce : RowKind::None;
-  return RowKind::None;
+    return when(reduced_block(n).has_value(), Kind::Reduce);
+  return std::nullopt;
 }
 
 }  // namespace
 
-bool row_fusible(const Node& n) { return row_kind(n) != RowKind::None; }
+bool row_fusible(const Node& n) { return row_kind(n).has_value(); }
 
 std::shared_ptr<const RowProgram> RowProgram::build(const ir::GraphModule& gm, std::string* why) {
   auto fail = [&](std::string reason) -> std::shared_ptr<const RowProgram> {
@@ -246,17 +234,7 @@ std::shared_ptr<const RowProgram> RowProgram::build(const ir::GraphModule& gm, s
   }
   if (!op) return fail("nothing to fuse");
   auto source_of = [&](size_t i) { return sources.at(op->args().at(i).value().node); };
-  switch (row_kind(*op)) {
-    case RowKind::Softmax: p->kind_ = Kind::Softmax; break;
-    case RowKind::LogSoftmax: p->kind_ = Kind::LogSoftmax; break;
-    case RowKind::SoftmaxBackward: p->kind_ = Kind::SoftmaxBackward; break;
-    case RowKind::LogSoftmaxBackward: p->kind_ = Kind::LogSoftmaxBackward; break;
-    case RowKind::LayerNorm: p->kind_ = Kind::LayerNorm; break;
-    case RowKind::NativeLayerNorm: p->kind_ = Kind::NativeLayerNorm; break;
-    case RowKind::LayerNormBackward: p->kind_ = Kind::LayerNormBackward; break;
-    case RowKind::Reduce: p->kind_ = Kind::Reduce; break;
-    case RowKind::None: return fail("not a row operation");
-  }
+  p->kind_ = *row_kind(*op);  // row_fusible above
   p->x_ = source_of(0);
   for (const TensorMeta& m : op->output_meta()) p->result_sizes_.push_back(m.defined ? m.sizes : std::vector<int64_t>{});
   if (p->kind_ == Kind::LayerNorm || p->kind_ == Kind::NativeLayerNorm) {
@@ -358,8 +336,8 @@ std::vector<at::Tensor> RowProgram::rows(const std::vector<at::Tensor>& inputs, 
   return {out};
 }
 
-// native_layer_norm_backward: dx row by row; the weight and bias gradients summed over the rows
-// in blocks (one partial sum per block, blocks in parallel, then added in block order).
+// native_layer_norm_backward over blocks of rows in parallel: dx row by row; the weight and bias
+// gradients as one partial sum per block, then the blocks added in order.
 std::vector<at::Tensor> RowProgram::layer_norm_backward(const std::vector<at::Tensor>& inputs,
                                                         const at::Tensor& grad) const {
   const at::Tensor x = y_.resolve(inputs, "the input").contiguous();
@@ -371,7 +349,7 @@ std::vector<at::Tensor> RowProgram::layer_norm_backward(const std::vector<at::Te
   std::vector<at::Tensor> results(3);
   if (output_mask_[0]) results[0] = at::empty(x.sizes(), x.options());
   const bool want_params = output_mask_[1] || output_mask_[2];
-  const int64_t blocks = want_params ? std::clamp<int64_t>(rows * cols / kRowGrain, 1, 16) : 1;
+  const int64_t blocks = std::clamp<int64_t>(rows * cols / kRowGrain, 1, 16);
   const int64_t per_block = (rows + blocks - 1) / blocks;
   at::Tensor partial = want_params ? at::zeros({blocks, 2, cols}, x.options()) : at::Tensor();
   const float *g = grad.data_ptr<float>(), *xp = x.data_ptr<float>(), *mp = mean.data_ptr<float>(),
@@ -388,18 +366,7 @@ std::vector<at::Tensor> RowProgram::layer_norm_backward(const std::vector<at::Te
                                          dx ? dx + r0 * cols : nullptr, dw, db, r1 - r0, cols);
     }
   };
-  if (!want_params) {  // rows are independent: parallel over rows
-    const int64_t grain = std::max<int64_t>(1, kRowGrain / cols);
-    auto rows_body = [&](int64_t r0, int64_t r1) {
-      kernels_->layer_norm_backward_rows(g + r0 * cols, xp + r0 * cols, mp + r0, rp + r0, wp, dx + r0 * cols,
-                                         nullptr, nullptr, r1 - r0, cols);
-    };
-    if (rows <= grain) {
-      rows_body(0, rows);
-    } else {
-      at::parallel_for(0, rows, grain, rows_body);
-    }
-  } else if (blocks == 1) {
+  if (blocks == 1) {  // inline: an OpenMP region costs microseconds
     body(0, 1);
   } else {
     at::parallel_for(0, blocks, 1, body);

@@ -34,8 +34,7 @@ class RowProgram {
   /// "fused: softmax (rows of 128, avx512)"
   std::string describe() const;
 
- private:
-  RowProgram() = default;
+  /// The row operations (row_fusible tells which one a node is).
   enum class Kind {
     Softmax,
     LogSoftmax,
@@ -46,6 +45,9 @@ class RowProgram {
     LayerNormBackward,
     Reduce
   };
+
+ private:
+  RowProgram() = default;
   at::Tensor reduce(const at::Tensor& x) const;
   std::vector<at::Tensor> rows(const std::vector<at::Tensor>& inputs, const at::Tensor& x) const;
   std::vector<at::Tensor> layer_norm_backward(const std::vector<at::Tensor>& inputs, const at::Tensor& grad) const;
