@@ -4,6 +4,7 @@
 // backends/<name>/ defines torchcompile::backends::register_<name>_backend().
 #include "backends/builtin.h"
 
+#include <torchcompile/aot.h>
 #include <torchcompile/backends/partition.h>
 #include <torchcompile/backends/registry.h>
 
@@ -22,8 +23,19 @@ namespace {
 // `default`: the graph partitioned among these built-ins (those this build has), the first
 // claiming a node getting it: oneDNN for GEMMs and convolutions with the operators it fuses into
 // them, `fused` for runs of pointwise operators; the rest runs with the interpreter, as does a
-// graph no backend claims.
+// graph no backend claims. A graph that must record autograd (grad mode on, something requiring
+// grad) goes through AOT autograd instead, with that same composition compiling its forward and
+// its backward graph: those graphs record no autograd themselves, so oneDNN and the tile
+// programs may run them.
 const char* const kDefaultParts[] = {"onednn", "fused"};
+
+Backend default_backend(Backend inference) {
+  Backend training = aot_autograd(inference);
+  return [inference = std::move(inference), training = std::move(training)](
+             GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
+    return needs_autograd(gm, example_inputs) ? training(gm, example_inputs) : inference(gm, example_inputs);
+  };
+}
 }  // namespace
 
 void register_builtin_backends() {
@@ -33,7 +45,7 @@ void register_builtin_backends() {
   std::vector<PartitionBackend> parts;
   for (const char* name : kDefaultParts)
     if (has_backend(name) && has_claim(name)) parts.push_back(partition_backend(name));
-  register_backend("default", parts.empty() ? lookup_backend("eager") : partitioned_backend(std::move(parts)));
+  register_backend("default", parts.empty() ? lookup_backend("eager") : default_backend(partitioned_backend(std::move(parts))));
 }
 
 }  // namespace torchcompile::detail

@@ -13,6 +13,9 @@
 //   M5        x + Linear(2048,512)(GELU(Linear(512,2048)(LayerNorm(512)(x)))), input (32, 128, 512)
 //   M6        training step of M1: forward, cross_entropy against fixed random targets, backward
 //   M5-train  training step of M5: forward, sum() as the loss, backward
+//   M3-train  training step of M3 in training mode (BatchNorm with batch statistics, updating its
+//             running statistics): forward, sum() as the loss, backward
+//   M4-train  training step of M4 in training mode (dropout 0): forward, sum() as the loss, backward
 //   M7        seed 000's toy_example on two (10,) inputs; b is negated if needed so that
 //             b.sum() < 0: every call takes the `b = b * -1` branch (a graph break whose
 //             continuation is cached after the warm-up)
@@ -260,6 +263,16 @@ const std::vector<Row>& rows() {
        [] {
          auto m = std::make_shared<SumStep<M5Impl>>(std::make_shared<M5Impl>());
          return module_instance(m, true, torch::randn({32, 128, 512}));
+       }},
+      {"M3-train", "M3 train step, sum (16,3,64,64)", true,
+       [] {
+         auto m = std::make_shared<SumStep<ConvNetImpl>>(std::make_shared<ConvNetImpl>());
+         return module_instance(m, true, torch::randn({16, 3, 64, 64}));
+       }},
+      {"M4-train", "M4 train step, sum (8,128,256)", true,
+       [] {
+         auto m = std::make_shared<SumStep<M4Impl>>(std::make_shared<M4Impl>());
+         return module_instance(m, true, torch::randn({128, 8, 256}));
        }},
       {"M7", "M7 toy_example 2x(10,)", false,
        [] {

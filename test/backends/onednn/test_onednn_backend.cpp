@@ -659,15 +659,24 @@ TEST(OneDnnDeclines, ExplainDefaultListsThePartitionOfEachGraph) {
   auto e4 = torchcompile::explain("default", seq, torch::randn({4, 8}));
   EXPECT_EQ(e4.compiled[0].backend, "onednn");
 
-  // Training: neither claims anything (grad mode) and `default` runs the graph with the
-  // interpreter, saying why.
+  // Training: the graph must record autograd, so `default` lifts it with AOT autograd and its
+  // composition compiles the forward and the backward graph (neither oneDNN nor fused would
+  // take the captured graph itself, which records autograd: each declines saying so).
   torch::AutoGradMode grad(true);
   m3->train();
   auto e3 = torchcompile::explain("default", m3, torch::randn({2, 3, 16, 16}));
   ASSERT_EQ(e3.compiled.size(), 1u);
-  EXPECT_EQ(e3.compiled[0].backend, "interpreter");
-  ASSERT_FALSE(e3.compiled[0].attempts.empty());
-  EXPECT_THAT(e3.compiled[0].attempts[0].reason, ::testing::HasSubstr("onednn: grad mode is enabled"));
+  EXPECT_EQ(e3.compiled[0].backend, "default");
+  std::vector<std::string> steps;
+  for (const auto& s : e3.compiled[0].steps) steps.push_back(s.name);
+  EXPECT_THAT(steps, ::testing::IsSupersetOf({"aot: forward compiler", "aot: backward compiler"}));
+  EXPECT_THAT(e3.compiled[0].partition, ::testing::Contains(::testing::HasSubstr("onednn: linear")));
+  EXPECT_THAT(e3.compiled[0].partition, ::testing::Contains(::testing::HasSubstr("fused: ")));
+  auto e5 = torchcompile::explain("onednn", m3, torch::randn({2, 3, 16, 16}));
+  ASSERT_EQ(e5.compiled.size(), 1u);
+  EXPECT_EQ(e5.compiled[0].backend, "interpreter");
+  ASSERT_FALSE(e5.compiled[0].attempts.empty());
+  EXPECT_THAT(e5.compiled[0].attempts[0].reason, ::testing::HasSubstr("grad mode is enabled"));
 }
 
 TEST(OneDnnDeclines, PassesLogShowsEachStepWithItsTime) {
