@@ -28,5 +28,7 @@
 #include <torchcompile/frontend/explain.h>        // explain
 #include <torchcompile/frontend/fields.h>         // Fields, TORCHCOMPILE_FIELDS
 #include <torchcompile/hooks.h>                   // module hooks and state_dict hooks
+#include <torchcompile/ir/callable.h>             // user functions as node targets, register_callable
 #include <torchcompile/ir/graph_module.h>         // GraphModule, what backends receive
+#include <torchcompile/ir/interpreter.h>          // Interpreter (with overrides), interpreter_fn
 #include <torchcompile/runtime/compile_options.h> // CompileOptions

@@ -1,4 +1,5 @@
 // The graph IR: nodes, values, use lists and the Graph factories that keep them consistent.
+#include <torchcompile/ir/callable.h>
 #include <torchcompile/ir/graph.h>
 #include <torchcompile/ir/op_properties.h>
 
@@ -211,7 +212,7 @@ bool Node::has_side_effects() const {
     case NodeKind::GetAttr:
       return false;
     case NodeKind::CallFunction:
-      return node_is_random(*this) || !written_arguments(*this).empty();
+      return callable_ != nullptr || node_is_random(*this) || !written_arguments(*this).empty();
   }
   return true;
 }
@@ -456,6 +457,30 @@ Node* Graph::call_function(const c10::OperatorHandle& op, std::vector<Argument> 
   Node* raw = append(std::move(n));
   raw->name_ = unique_name(op_base_name(op));
   return raw;
+}
+
+void Graph::set_target(Node* n, std::shared_ptr<const Callable> fn) {
+  TORCH_CHECK(n != nullptr && n->owning_graph() == this, "set_target: expected a node of this graph");
+  TORCH_CHECK(n->kind() == NodeKind::CallFunction, "set_target: expected a call_function node, got ", describe(n));
+  TORCH_CHECK(fn != nullptr && fn->fn != nullptr, "set_target(", n->name(),
+              "): expected a user function, got an empty one (reset_target restores the operator)");
+  n->target_ = fn->name;
+  n->callable_ = std::move(fn);
+}
+
+void Graph::set_target(Node* n, const std::string& name) {
+  auto fn = lookup_callable(name);
+  TORCH_CHECK(fn != nullptr, "set_target(", n ? n->name() : "null", "): expected the name of a callable registered ",
+              "with torchcompile::register_callable, got '", name, "' (registered: ", detail::registered_callable_names(),
+              ")");
+  set_target(n, std::move(fn));
+}
+
+void Graph::reset_target(Node* n) {
+  TORCH_CHECK(n != nullptr && n->owning_graph() == this, "reset_target: expected a node of this graph");
+  TORCH_CHECK(n->kind() == NodeKind::CallFunction, "reset_target: expected a call_function node, got ", describe(n));
+  n->target_ = op_target_name(n->op());
+  n->callable_.reset();
 }
 
 Node* Graph::call_module(const std::string& path, std::vector<Argument> args, std::vector<TensorMeta> output_meta) {

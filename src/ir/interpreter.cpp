@@ -5,15 +5,18 @@
 #include <ATen/core/stack.h>
 #include <c10/util/SmallVector.h>
 
+#include <sstream>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace torchcompile::ir {
 
 struct Interpreter::Plan {
-  enum class Kind : uint8_t { Call, GetAttr, Module };
+  enum class Kind : uint8_t { Call, GetAttr, Module, User };
   struct Step {
     Kind kind = Kind::Call;
-    std::optional<OpStep> call;
+    uint32_t user = 0;                      // User: index into `users` (in kind's padding)
+    std::optional<OpStep> call;             // Call and User: the prepared arguments
     const at::Tensor* attribute = nullptr;  // GetAttr: the GraphModule's entry, read live
     const ModuleFn* module = nullptr;
     std::vector<uint32_t> module_args;
@@ -22,14 +25,44 @@ struct Interpreter::Plan {
     std::string name;                  // for error messages
   };
 
+  // What a User step runs, kept out of Step so that the steps of a plan without user
+  // functions are laid out as they were before there were any.
+  struct User {
+    std::shared_ptr<const NodeFn> fn;
+    const Node* node = nullptr;
+    bool overridden = false;  // an override (else the node's own function)
+  };
+
   size_t num_slots = 0;
   std::vector<uint32_t> input_slots;
   std::vector<Step> steps;
+  std::vector<const Node*> nodes;  // each step's node, for describe()
+  std::vector<User> users;
   std::vector<uint32_t> output_slots;
 };
 
-Interpreter::Interpreter(const GraphModule& gm) : plan_(std::make_unique<Plan>()), gm_(gm) {
-  Plan& p = *plan_;
+Interpreter::Interpreter(const GraphModule& gm) : gm_(gm) { prepare(); }
+
+size_t Interpreter::override(const std::string& target, CallableFn fn) {
+  TORCH_CHECK(fn != nullptr, "Interpreter::override('", target, "'): expected a function, got an empty one");
+  return override_if([target](const Node& n) { return n.target() == target; },
+                     [fn = std::move(fn)](const Node&, const std::vector<c10::IValue>& args) { return fn(args); });
+}
+
+size_t Interpreter::override_if(std::function<bool(const Node&)> select, NodeFn fn) {
+  TORCH_CHECK(select != nullptr && fn != nullptr, "Interpreter::override_if: expected a selector and a function");
+  size_t applies = 0;
+  for (const auto& n : gm_.graph().nodes())
+    if (n->kind() == NodeKind::CallFunction && select(*n)) ++applies;
+  overrides_.push_back({std::move(select), std::make_shared<const NodeFn>(std::move(fn))});
+  prepare();
+  return applies;
+}
+
+void Interpreter::prepare() {
+  auto plan = std::make_unique<Plan>();
+  Plan& p = *plan;
+  const GraphModule& gm = gm_;
   std::unordered_map<Value, uint32_t, ValueHash> slot_of;
   auto slot = [&](const Value& v) -> uint32_t {
     auto it = slot_of.find(v);
@@ -44,6 +77,7 @@ Interpreter::Interpreter(const GraphModule& gm) : plan_(std::make_unique<Plan>()
     }
     return s;
   };
+  std::unordered_set<const Node*> user_nodes;  // nodes whose step calls a user function
   // last_use[slot] = index of the last step reading it (or SIZE_MAX for outputs/never).
   std::vector<size_t> last_use;
   auto note_use = [&](uint32_t s) {
@@ -64,6 +98,7 @@ Interpreter::Interpreter(const GraphModule& gm) : plan_(std::make_unique<Plan>()
         step.out_slots = new_slots(n);
         step.name = n->name();
         p.steps.push_back(std::move(step));
+        p.nodes.push_back(n);
         break;
       }
       case NodeKind::CallModule: {
@@ -79,14 +114,33 @@ Interpreter::Interpreter(const GraphModule& gm) : plan_(std::make_unique<Plan>()
         step.out_slots = new_slots(n);
         step.name = n->name();
         p.steps.push_back(std::move(step));
+        p.nodes.push_back(n);
         break;
       }
       case NodeKind::CallFunction: {
         Plan::Step step;
-        step.call.emplace(*n, slot, new_slots(n));
+        step.call = OpStep(*n, slot, new_slots(n), /*allow_user_function=*/true);
         for (uint32_t s : step.call->reads()) note_use(s);
         step.name = n->name();
+        Plan::User user{nullptr, n, false};
+        for (auto o = overrides_.rbegin(); o != overrides_.rend() && !user.fn; ++o) {
+          if (o->select(*n)) {
+            user.fn = o->fn;
+            user.overridden = true;
+          }
+        }
+        if (!user.fn && n->callable()) {
+          user.fn = std::make_shared<const NodeFn>(
+              [c = n->callable()](const Node&, const std::vector<c10::IValue>& args) { return c->fn(args); });
+        }
+        if (user.fn) {
+          step.kind = Plan::Kind::User;
+          step.user = static_cast<uint32_t>(p.users.size());
+          p.users.push_back(std::move(user));
+          user_nodes.insert(n);
+        }
         p.steps.push_back(std::move(step));
+        p.nodes.push_back(n);
         break;
       }
       case NodeKind::Output: {
@@ -106,16 +160,20 @@ Interpreter::Interpreter(const GraphModule& gm) : plan_(std::make_unique<Plan>()
   for (uint32_t s = 0; s < p.num_slots; ++s) {
     if (last_use[s] < p.steps.size()) p.steps[last_use[s]].free_after.push_back(s);
   }
-  // A step may compute in place in its first argument when that argument dies there.
+  // A step may compute in place in its first argument when that argument dies there, unless
+  // the step or the argument's producer is a user function (which may return any tensor).
   size_t index = 0;
   for (const auto& owned : gm.graph().nodes()) {
     const Node* n = owned.get();
     if (n->kind() == NodeKind::Placeholder || n->kind() == NodeKind::Output) continue;
     Plan::Step& step = p.steps[index++];
-    if (!step.call || step.call->reads().empty()) continue;
+    if (step.kind != Plan::Kind::Call || step.call->reads().empty()) continue;
     const uint32_t self = step.call->reads().front();
+    const Argument& first = n->args().front();
+    if (first.is_value() && user_nodes.count(first.value().node)) continue;
     if (last_use[self] == index - 1) step.call->enable_self_reuse(*n);
   }
+  plan_ = std::move(plan);
 }
 
 Interpreter::~Interpreter() = default;
@@ -154,6 +212,11 @@ std::vector<at::Tensor> Interpreter::run(std::vector<at::Tensor> inputs) const {
       case Plan::Kind::Call:
         step.call->run(slots.data(), stack, below_autograd);
         break;
+      case Plan::Kind::User: {
+        const Plan::User& user = p.users[step.user];
+        step.call->run_instead(*user.fn, *user.node, slots.data(), stack);
+        break;
+      }
     }
     for (uint32_t s : step.free_after) slots[s].reset();
   }
@@ -161,6 +224,47 @@ std::vector<at::Tensor> Interpreter::run(std::vector<at::Tensor> inputs) const {
   outputs.reserve(p.output_slots.size());
   for (uint32_t s : p.output_slots) outputs.push_back(slots[s]);
   return outputs;
+}
+
+std::string Interpreter::describe() const {
+  std::ostringstream os;
+  for (size_t i = 0; i < plan_->steps.size(); ++i) {
+    const Plan::Step& step = plan_->steps[i];
+    const std::string& target = plan_->nodes[i]->target();
+    switch (step.kind) {
+      case Plan::Kind::GetAttr: os << step.name << " = get_attr " << target << "\n"; continue;
+      case Plan::Kind::Module: os << step.name << " = call_module " << target << "\n"; continue;
+      case Plan::Kind::User:
+        os << step.name << " = " << target
+           << (plan_->users[step.user].overridden ? "  (override)" : "  (user function)") << "\n";
+        continue;
+      case Plan::Kind::Call:
+        os << step.name << " = " << target;
+        if (step.call->self_reuse_enabled()) os << "  (in place)";
+        if (step.call->scalar_operand_prepared()) os << "  (scalar operand prepared)";
+        os << "\n";
+        continue;
+    }
+  }
+  return os.str();
+}
+
+std::vector<at::Tensor> run_target(const Node& node, const std::vector<c10::IValue>& args) {
+  TORCH_CHECK(node.kind() == NodeKind::CallFunction, "run_target: expected a call_function node, got '", node.name(),
+              "' (", to_string(node.kind()), ")");
+  if (node.callable()) return node.callable()->fn(args);
+  torch::jit::Stack stack(args);
+  node.op().callBoxed(&stack);
+  std::vector<at::Tensor> outs;
+  outs.reserve(node.num_outputs());
+  for (const c10::IValue& rv : stack) {
+    if (rv.isList()) {
+      for (const c10::IValue& e : rv.toListRef()) outs.push_back(e.isTensor() ? e.toTensor() : at::Tensor());
+    } else {
+      outs.push_back(rv.isTensor() ? rv.toTensor() : at::Tensor());
+    }
+  }
+  return outs;
 }
 
 std::function<std::vector<at::Tensor>(std::vector<at::Tensor>)> interpreter_fn(const GraphModule& gm) {

@@ -14,8 +14,15 @@
 namespace torchcompile::ir {
 
 OpStep::OpStep(const Node& n, const std::function<uint32_t(const Value&)>& slot_of, std::vector<uint32_t> out_slots)
+    : OpStep(n, slot_of, std::move(out_slots), /*allow_user_function=*/false) {}
+
+OpStep::OpStep(const Node& n, const std::function<uint32_t(const Value&)>& slot_of, std::vector<uint32_t> out_slots,
+               bool allow_user_function)
     : op_(n.op()), out_slots_(std::move(out_slots)), name_(n.name()) {
   TORCH_INTERNAL_ASSERT(n.kind() == NodeKind::CallFunction, "OpStep: ", n.name(), " is not a call_function node");
+  TORCH_CHECK(allow_user_function || !n.callable(), "OpStep: node '", n.name(), "' calls the user function '",
+              n.target(), "' in place of ", op_target_name(n.op()),
+              "; expected a node calling its operator (user functions run with ir::Interpreter)");
   TORCH_INTERNAL_ASSERT(out_slots_.size() == n.num_outputs(), "OpStep: ", n.name(), " has ", n.num_outputs(),
                         " outputs, given ", out_slots_.size(), " slots");
   const auto& schema = n.schema();
@@ -172,22 +179,9 @@ bool OpStep::reuse_self(const at::Tensor& self) const {
          self.strides().equals(self_strides_);
 }
 
-void OpStep::run(at::Tensor* slots, torch::jit::Stack& stack, bool below_autograd) const {
-  stack = stack_template_;
-  const c10::OperatorHandle* op = &op_;
-  const std::optional<c10::OperatorHandle>* inplace_op = &inplace_op_;
-  if (scalar_as_tensor_ && below_autograd) {
-    const at::Tensor& self = slots[scalar_as_tensor_->self_slot];
-    if (self.defined() && self.scalar_type() == scalar_as_tensor_->dtype) {
-      stack[1] = scalar_as_tensor_->operand;
-      op = &scalar_as_tensor_->op;
-      inplace_op = &scalar_as_tensor_->inplace_op;
-    }
-  }
-  const bool in_place = inplace_op->has_value() && below_autograd && reuse_self(slots[self_slot_]);
-  if (in_place) stack[0] = std::move(slots[self_slot_]);
+C10_ALWAYS_INLINE void OpStep::fill_tensor_args(at::Tensor* slots, torch::jit::Stack& stack, bool skip_self) const {
   for (const auto& ta : tensor_args_) {
-    if (in_place && ta.stack_index == 0) continue;
+    if (skip_self && ta.stack_index == 0) continue;
     const at::Tensor& t = slots[ta.slot];
     if (ta.optional && !t.defined()) continue;  // the template holds None
     stack[ta.stack_index] = t;
@@ -205,6 +199,23 @@ void OpStep::run(at::Tensor* slots, torch::jit::Stack& stack, bool below_autogra
       stack[la.stack_index] = std::move(list);
     }
   }
+}
+
+void OpStep::run(at::Tensor* slots, torch::jit::Stack& stack, bool below_autograd) const {
+  stack = stack_template_;
+  const c10::OperatorHandle* op = &op_;
+  const std::optional<c10::OperatorHandle>* inplace_op = &inplace_op_;
+  if (scalar_as_tensor_ && below_autograd) {
+    const at::Tensor& self = slots[scalar_as_tensor_->self_slot];
+    if (self.defined() && self.scalar_type() == scalar_as_tensor_->dtype) {
+      stack[1] = scalar_as_tensor_->operand;
+      op = &scalar_as_tensor_->op;
+      inplace_op = &scalar_as_tensor_->inplace_op;
+    }
+  }
+  const bool in_place = inplace_op->has_value() && below_autograd && reuse_self(slots[self_slot_]);
+  if (in_place) stack[0] = std::move(slots[self_slot_]);
+  fill_tensor_args(slots, stack, in_place);
   {
     std::optional<c10::impl::ExcludeDispatchKeyGuard> skip;
     if (below_autograd) skip.emplace(c10::autograd_dispatch_keyset);
@@ -223,6 +234,16 @@ void OpStep::run(at::Tensor* slots, torch::jit::Stack& stack, bool below_autogra
     }
   }
   stack.clear();
+}
+
+void OpStep::run_instead(const NodeFn& fn, const Node& n, at::Tensor* slots, torch::jit::Stack& stack) const {
+  stack = stack_template_;
+  fill_tensor_args(slots, stack, /*skip_self=*/false);
+  std::vector<at::Tensor> outs = fn(n, stack);
+  stack.clear();
+  TORCH_CHECK(outs.size() == out_slots_.size(), "node '", name_, "' (", n.target(), ") returned ", outs.size(),
+              " tensors; the graph expects ", out_slots_.size(), " (one per output of ", op_target_name(op_), ")");
+  for (size_t i = 0; i < outs.size(); ++i) slots[out_slots_[i]] = std::move(outs[i]);
 }
 
 namespace {

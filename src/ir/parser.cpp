@@ -1,6 +1,7 @@
 // Reader for the text format printed by to_text(): a small recursive-descent parser over one
 // line at a time. Constants are read generically (Python-like literals) and then converted to
 // the type the operator's schema asks for.
+#include <torchcompile/ir/callable.h>
 #include <torchcompile/ir/parser.h>
 
 #include "text_internal.h"
@@ -716,6 +717,18 @@ class GraphParser {
     p.expect("=");
     std::string target = p.until(']', "']' after the target");
     p.expect("]");
+    // A user function's node also names its operator: `[target=test_add, op=aten::add.Tensor]`.
+    std::string op_name;
+    if (auto comma = target.find(','); comma != std::string::npos) {
+      const std::string after = target.substr(comma + 1);
+      LineParser q(after, line);
+      if (opcode != "call_function" || !q.consume("op") || !q.consume("="))
+        fail_at(line, "expected ']' after the target (only a call_function node may add ', op=<operator>'), got '" +
+                          target.substr(comma) + "'");
+      op_name = q.rest();
+      if (op_name.empty()) fail_at(line, "expected an operator after 'op=', got nothing");
+      target.resize(comma);
+    }
     while (!target.empty() && target.back() == ' ') target.pop_back();
     if (target.empty()) fail_at(line, "expected a target after 'target=', got nothing");
 
@@ -731,11 +744,17 @@ class GraphParser {
     } else if (opcode == "get_attr") {
       node = graph_->get_attr(target, single_meta()).node;
     } else if (opcode == "call_function") {
-      c10::OperatorHandle op = find_op(target);
+      std::shared_ptr<const Callable> callable;
+      if (!op_name.empty()) callable = resolve_callable(target, op_name, line);
+      else if (lookup_callable(target))
+        fail_at(line, "expected an operator as the target of a call_function node, got the user function '" + target +
+                          "' without its operator (write '[target=" + target + ", op=<operator>]')");
+      c10::OperatorHandle op = find_op(op_name.empty() ? target : op_name);
       std::vector<Expr> args;
       std::vector<std::pair<std::string, Expr>> kwargs;
       call_args(p, &args, &kwargs);
       node = call_function(op, args, kwargs, meta, line);
+      if (callable) graph_->set_target(node, std::move(callable));
     } else if (opcode == "call_module") {
       std::vector<Expr> args;
       std::vector<std::pair<std::string, Expr>> kwargs;
@@ -763,6 +782,17 @@ class GraphParser {
     if (given != name) fail_at(line, "expected a node name that is a valid identifier, got '%" + name + "'");
     nodes_[name] = node;
     return node->kind() == NodeKind::Placeholder;
+  }
+
+  // The user function a call_function node names as its target, from the registry.
+  static std::shared_ptr<const Callable> resolve_callable(const std::string& name, const std::string& op_name,
+                                                          int line) {
+    auto callable = lookup_callable(name);
+    if (!callable)
+      fail_at(line, "expected a callable registered with torchcompile::register_callable as the target of a "
+                    "call_function node with op=" + op_name + ", got '" + name + "', which is not registered (registered: " +
+                    detail::registered_callable_names() + ")");
+    return callable;
   }
 
   Node* call_function(const c10::OperatorHandle& op, const std::vector<Expr>& args,

@@ -135,8 +135,9 @@ PrintedArgs printed_args(const Node& n, const char* prefix) {
 }
 
 // `aten.add.Tensor` / `aten.cos.default`, as AOT-traced FX graphs print their targets.
+// A user function prints by its name.
 std::string fx_target(const Node& n) {
-  if (n.kind() != NodeKind::CallFunction) return n.target();
+  if (n.kind() != NodeKind::CallFunction || n.callable()) return n.target();
   const auto& name = n.op().operator_name();
   std::string s = name.name;
   auto pos = s.find("::");
@@ -328,8 +329,9 @@ std::ostream& operator<<(std::ostream& os, const Graph& g) {
       os << "  return " << output_tuple(n, "%") << "\n";
       continue;
     }
-    os << "  %" << n.name() << " : " << meta_repr(n) << " = " << to_string(n.kind()) << "[target=" << n.target()
-       << "]";
+    os << "  %" << n.name() << " : " << meta_repr(n) << " = " << to_string(n.kind()) << "[target=" << n.target();
+    if (n.callable()) os << ", op=" << op_target_name(n.op());
+    os << "]";
     if (n.kind() == NodeKind::CallFunction || n.kind() == NodeKind::CallModule) {
       auto printed = printed_args(n, "%");
       os << "(args = " << tuple_repr(printed.positional) << ", kwargs = {";

@@ -37,6 +37,7 @@ Node* copy_node(Graph& dst, const Node& n, const std::function<Value(const Value
   Node* copy = nullptr;
   if (n.kind() == NodeKind::CallFunction) {
     copy = dst.call_function(n.op(), std::move(args), n.output_meta(), n.return_counts());
+    if (n.callable()) dst.set_target(copy, n.callable());
   } else {
     TORCH_CHECK(n.kind() == NodeKind::CallModule, "copy_node: expected a call_function or call_module node, got ",
                 n.name());

@@ -51,6 +51,9 @@ inline const std::vector<std::pair<c10::MemoryFormat, const char*>>& memory_form
   return kNames;
 }
 
+/// The registered callables' names for error messages: `a, b` or `none`.
+std::string registered_callable_names();
+
 /// The short dtype names of TensorMeta::str() (`f32`), or nullptr.
 const char* dtype_short_name(c10::ScalarType t);
 

@@ -26,12 +26,14 @@ namespace torchcompile::ir {
 
 class Graph;
 class Node;
+struct Callable;  // ir/callable.h
 
 /// What a node does, with FX's opcode names.
 enum class NodeKind {
   Placeholder,   ///< a graph input, in calling order
   GetAttr,       ///< a GraphModule attribute: parameter, buffer or graph constant, read at each call
-  CallFunction,  ///< an ATen operator overload, called through the dispatcher
+  CallFunction,  ///< an ATen operator overload, called through the dispatcher (or a user function
+                 ///< in its place: Graph::set_target)
   CallModule,    ///< an opaque module call (reserved: leaf modules run eagerly inside the graph)
   Output,        ///< the graph's outputs; exactly one, last
 };
@@ -120,13 +122,18 @@ class Node {
   /// Unique within the graph, FX style (`add`, `add_1`, ...).
   const std::string& name() const { return name_; }
   /// placeholder: the input's name; get_attr: the attribute's qualified name; call_function:
-  /// the operator as `aten::add.Tensor` (overload after the dot, `.default` not printed);
-  /// call_module: the module's qualified path; output: "output".
+  /// the operator as `aten::add.Tensor` (overload after the dot, `.default` not printed), or the
+  /// name of the user function it calls instead (Graph::set_target); call_module: the module's
+  /// qualified path; output: "output".
   const std::string& target() const { return target_; }
   Graph* owning_graph() const { return graph_; }
 
-  /// The operator of a call_function node.
+  /// The operator of a call_function node. A node calling a user function keeps its operator:
+  /// its schema still describes the arguments and outputs, and the operator's properties
+  /// (mutation, aliasing) are still assumed of the function.
   const c10::OperatorHandle& op() const;
+  /// The user function a call_function node calls in place of its operator, or nullptr.
+  const std::shared_ptr<const Callable>& callable() const { return callable_; }
   bool has_op() const { return op_.has_value(); }
   /// The operator's schema (call_function only).
   const c10::FunctionSchema& schema() const { return op().schema(); }
@@ -154,7 +161,8 @@ class Node {
   void set_module_path(std::string p) { module_path_ = std::move(p); }
 
   /// True when removing this node could change results even if its outputs are unused:
-  /// it mutates an argument, draws random numbers, or is a placeholder/output.
+  /// it mutates an argument, draws random numbers, calls a user function (which may, say,
+  /// print), or is a placeholder/output.
   bool has_side_effects() const;
 
  private:
@@ -166,6 +174,7 @@ class Node {
   std::string name_;
   std::string target_;
   std::optional<c10::OperatorHandle> op_;
+  std::shared_ptr<const Callable> callable_;
   std::vector<Argument> args_;
   std::vector<TensorMeta> output_meta_;
   std::vector<uint32_t> return_counts_;
@@ -207,6 +216,17 @@ class Graph {
   /// defined before the insertion point.
   Node* call_function(const c10::OperatorHandle& op, std::vector<Argument> args,
                       std::vector<TensorMeta> output_meta, std::vector<uint32_t> return_counts = {});
+  /// FX's `node.target = fn`: call_function node `n` calls `fn` in place of its operator, with
+  /// the operator's arguments (see CallableFn); its target() becomes `fn->name`. The node keeps
+  /// its operator, schema, arguments and metadata. A prepared Interpreter does not see the
+  /// change: call GraphModule::recompile(), as after any edit. Built-in backends other than the
+  /// interpreter lower nodes by operator: run a graph with user functions with the interpreter.
+  void set_target(Node* n, std::shared_ptr<const Callable> fn);
+  /// The same with the callable registered under `name` (torchcompile::register_callable);
+  /// throws naming the registered ones if there is none.
+  void set_target(Node* n, const std::string& name);
+  /// Undo set_target: `n` calls its operator again.
+  void reset_target(Node* n);
   /// An opaque module call.
   Node* call_module(const std::string& path, std::vector<Argument> args, std::vector<TensorMeta> output_meta);
   /// The output node; a graph has exactly one.

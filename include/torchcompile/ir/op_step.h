@@ -3,6 +3,7 @@
 // of a graph and leave the rest to ATen).
 #pragma once
 
+#include <torchcompile/ir/callable.h>
 #include <torchcompile/ir/graph.h>
 
 #include <ATen/core/stack.h>
@@ -30,12 +31,20 @@ class OpStep {
   /// operation itself on small tensors). The value and the result are the same bits: ATen reads
   /// the operand after that same conversion. Used only when the call skips the autograd keys and
   /// `x` has the traced dtype; otherwise the step calls the `.Scalar` overload as traced.
+  ///
+  /// A node calling a user function (Graph::set_target) is refused: run() calls the operator,
+  /// and only the Interpreter runs user functions.
   OpStep(const Node& n, const std::function<uint32_t(const Value&)>& slot_of, std::vector<uint32_t> out_slots);
 
   /// Call the operator on `slots`, using `stack` as scratch (its capacity is reused from call
   /// to call). With `below_autograd` the call skips the autograd dispatch keys (see
   /// may_dispatch_below_autograd).
   void run(at::Tensor* slots, torch::jit::Stack& stack, bool below_autograd) const;
+
+  /// Call `fn(n, args)` in place of the operator, `n` being the node the step was prepared from:
+  /// `args` are the node's arguments as traced (the `.Scalar` overload's scalar, no in-place
+  /// overload), the call keeps the autograd keys, and `fn` must return one tensor per output.
+  void run_instead(const NodeFn& fn, const Node& n, at::Tensor* slots, torch::jit::Stack& stack) const;
 
   /// Let run() compute the node in place in its first argument (`self`) with the operator's
   /// in-place overload (`add.Tensor` -> `add_.Tensor`) when that tensor is an intermediate no
@@ -50,6 +59,8 @@ class OpStep {
 
   /// Whether the step passes its scalar operand as a prepared tensor (see the constructor).
   bool scalar_operand_prepared() const { return scalar_as_tensor_.has_value(); }
+  /// Whether enable_self_reuse enabled the in-place overload.
+  bool self_reuse_enabled() const { return inplace_op_.has_value(); }
 
   /// The slots the step reads, in argument order (a slot may repeat).
   const std::vector<uint32_t>& reads() const { return reads_; }
@@ -57,6 +68,13 @@ class OpStep {
   const std::string& name() const { return name_; }
 
  private:
+  friend class Interpreter;  // prepares steps of nodes calling user functions, for run_instead
+  OpStep(const Node& n, const std::function<uint32_t(const Value&)>& slot_of, std::vector<uint32_t> out_slots,
+         bool allow_user_function);
+  /// Puts the slots' tensors into `stack` (a copy of the template); `skip_self` leaves
+  /// argument 0 to the caller.
+  void fill_tensor_args(at::Tensor* slots, torch::jit::Stack& stack, bool skip_self) const;
+
   struct TensorArg {
     uint32_t stack_index;
     uint32_t slot;

@@ -14,6 +14,7 @@ namespace torchcompile::ir {
 /// trailing defaults dropped; kwargs are the keyword-only arguments that differ from their
 /// defaults. Constants print as Python would (`1`, `1.5`, `True`, `None`, `[2, 3]`,
 /// `torch.float32`); tensor values by node name, with `.i` for output i of multi-output nodes.
+/// A node calling a user function shows the function's name as its target.
 void print_tabular(const Graph& g, std::ostream& os);
 std::string tabular_string(const Graph& g);
 
@@ -29,7 +30,10 @@ void print_readable(const Graph& g, std::ostream& os);
 ///       %max : (f32[3]{1}, i64[3]{1}) = call_function[target=aten::max.dim](args = (%x, 1), kwargs = {})
 ///       return (%cos, %max.1)
 ///
-/// Every node's metadata and module path are kept; parse_graph(to_text(g)) prints identically.
+/// A node calling a user function (Graph::set_target) shows the function's name and the
+/// operator whose arguments it takes: `call_function[target=test_add, op=aten::add.Tensor]`.
+/// Every node's metadata and module path are kept; parse_graph(to_text(g)) prints identically
+/// (user functions are looked up by name in the registry: torchcompile::register_callable).
 std::string to_text(const Graph& g);
 std::ostream& operator<<(std::ostream& os, const Graph& g);
 
