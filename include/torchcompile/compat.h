@@ -10,6 +10,10 @@
 #include <torch/version.h>
 
 #include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
 
 namespace torchcompile::compat {
 
@@ -60,9 +64,12 @@ inline c10::ScalarType autocast_cpu_dtype() { return at::autocast::get_autocast_
 inline void set_autocast_cpu_dtype(c10::ScalarType t) { at::autocast::set_autocast_cpu_dtype(t); }
 #endif
 
-/// A CPU allocator that forwards to `base` and counts the allocations made through it (tests
-/// measure allocations with it: install with c10::SetCPUAllocator). c10::Allocator::allocate is
-/// const in 1.x and not in 2.x, which also requires copy_data.
+/// A CPU allocator that forwards to `base` and counts the allocations made through it, and the
+/// bytes they hold: live now and the peak since reset_peak() (tests and benchmarks measure
+/// allocations and memory with it: install with c10::SetCPUAllocator). Its DataPtrs keep
+/// `get() == get_context()` (raw_allocate needs it) and free through raw_deleter(), which finds
+/// the block in a registry shared by all instances. c10::Allocator::allocate is const in 1.x
+/// and not in 2.x, which also requires copy_data.
 class CountingAllocator : public c10::Allocator {
  public:
   explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
@@ -72,18 +79,64 @@ class CountingAllocator : public c10::Allocator {
 #else
   c10::DataPtr allocate(size_t n) const override { return counted(n); }
 #endif
-  c10::DeleterFnPtr raw_deleter() const override { return base_->raw_deleter(); }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
   c10::Allocator* base() const { return base_; }
   int count() const { return count_.load(); }
   void reset() { count_ = 0; }
+  /// Bytes allocated through this allocator and not yet freed.
+  int64_t live_bytes() const { return live_.load(); }
+  /// The most live bytes since the last reset_peak() (or since construction).
+  int64_t peak_bytes() const { return peak_.load(); }
+  void reset_peak() { peak_ = live_.load(); }
 
  private:
+  struct Block {
+    const CountingAllocator* owner;
+    int64_t bytes;
+    c10::DataPtr base;
+  };
+  struct Registry {
+    std::mutex mutex;
+    std::unordered_map<void*, Block> blocks;
+  };
+  static Registry& registry() {
+    static auto* r = new Registry();  // outlives every tensor (never destroyed)
+    return *r;
+  }
+  static void release(void* p) {
+    if (p == nullptr) return;
+    Block b;
+    {
+      Registry& r = registry();
+      std::lock_guard<std::mutex> lock(r.mutex);
+      auto it = r.blocks.find(p);
+      if (it == r.blocks.end()) return;
+      b = std::move(it->second);
+      r.blocks.erase(it);
+    }
+    b.owner->live_ -= b.bytes;
+  }  // b.base frees the memory
   c10::DataPtr counted(size_t n) const {
     ++count_;
-    return base_->allocate(n);
+    c10::DataPtr dp = base_->allocate(n);
+    void* p = dp.get();
+    if (p == nullptr) return dp;  // zero bytes
+    const c10::Device device = dp.device();
+    {
+      Registry& r = registry();
+      std::lock_guard<std::mutex> lock(r.mutex);
+      r.blocks[p] = Block{this, static_cast<int64_t>(n), std::move(dp)};
+    }
+    const int64_t now = live_ += static_cast<int64_t>(n);
+    int64_t peak = peak_.load();
+    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+    }
+    return c10::DataPtr(p, p, &release, device);
   }
   c10::Allocator* base_;
   mutable std::atomic<int> count_{0};
+  mutable std::atomic<int64_t> live_{0};
+  mutable std::atomic<int64_t> peak_{0};
 };
 
 }  // namespace torchcompile::compat

@@ -10,6 +10,7 @@
 #include <torchcompile/ir/printer.h>
 
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/graph_task.h>
 
 #include <algorithm>
 #include <atomic>
@@ -125,6 +126,59 @@ struct Runtime : torch::CustomClassHolder {
 };
 
 struct CompiledGraph : torch::autograd::Function<CompiledGraph> {
+  // The values the backward graph reads, outs[first_saved...]. Those sharing memory with a
+  // primal or a result the caller gets (or undefined) go through save_for_backward, which
+  // checks their versions and keeps a saved result from referencing its own node. The others
+  // are the forward's private intermediates, which nobody else can reach: they are kept as a
+  // plain list that the backward takes over and drops unless the graph is retained, so the
+  // backward graph frees each one after its last use (as eager's backward frees each saved
+  // tensor once its node has run) instead of all of them at the end.
+  static void save_for_backward(AutogradContext* ctx, at::TensorList primals, std::vector<at::Tensor>& outs,
+                                size_t first_saved) {
+    c10::SmallVector<const c10::StorageImpl*, 32> visible;
+    auto add_visible = [&](const at::Tensor& t) {
+      if (t.defined() && t.has_storage()) visible.push_back(t.storage().unsafeGetStorageImpl());
+    };
+    for (const at::Tensor& t : primals) add_visible(t);
+    for (size_t i = 0; i < first_saved; ++i) add_visible(outs[i]);
+    std::vector<at::Tensor> checked;
+    c10::List<at::Tensor> own;
+    c10::List<bool> is_own;
+    for (size_t i = first_saved; i < outs.size(); ++i) {
+      const at::Tensor& t = outs[i];
+      const bool mine = t.defined() && t.has_storage() &&
+                        std::find(visible.begin(), visible.end(), t.storage().unsafeGetStorageImpl()) == visible.end();
+      is_own.push_back(mine);
+      if (mine) {
+        own.push_back(std::move(outs[i]));
+      } else {
+        checked.push_back(std::move(outs[i]));
+      }
+    }
+    ctx->save_for_backward(checked);
+    ctx->saved_data["own"] = std::move(own);
+    ctx->saved_data["is_own"] = std::move(is_own);
+  }
+
+  static std::vector<at::Tensor> saved_for_backward(AutogradContext* ctx) {
+    std::vector<at::Tensor> checked = ctx->get_saved_variables();  // throws on a second backward
+    c10::List<at::Tensor> own = ctx->saved_data.at("own").toTensorList();
+    const c10::List<bool> is_own = ctx->saved_data.at("is_own").toBoolList();
+    const bool keep = torch::autograd::get_current_graph_task_keep_graph();
+    if (!keep) ctx->saved_data.erase("own");
+    std::vector<at::Tensor> saved;
+    saved.reserve(is_own.size());
+    for (size_t i = 0, c = 0, o = 0; i < is_own.size(); ++i) {
+      if (is_own.get(i)) {
+        saved.push_back(keep ? own.get(o) : own.extract(o));
+        ++o;
+      } else {
+        saved.push_back(std::move(checked[c++]));
+      }
+    }
+    return saved;
+  }
+
   static variable_list forward(AutogradContext* ctx, at::TensorList primals, c10::IValue state) {
     const auto& rt = *c10::static_intrusive_pointer_cast<Runtime>(state.toCapsule());
     // Autograd runs this forward with grad mode off, but kernels that consult it must see what
@@ -139,8 +193,7 @@ struct CompiledGraph : torch::autograd::Function<CompiledGraph> {
       outs = rt.forward(std::move(detached));
     }
     rt.write_back(primals.vec(), outs);
-    const size_t first_saved = rt.num_fw_outputs + rt.mutated_primals.size();
-    ctx->save_for_backward(std::vector<at::Tensor>(outs.begin() + first_saved, outs.end()));
+    save_for_backward(ctx, primals, outs, rt.num_fw_outputs + rt.mutated_primals.size());
     ctx->saved_data["state"] = std::move(state);
     outs.resize(rt.num_fw_outputs);
     std::vector<at::Tensor> constant;
@@ -155,7 +208,7 @@ struct CompiledGraph : torch::autograd::Function<CompiledGraph> {
                 "torch::compile: double backward (create_graph=true) through a graph compiled with aot_autograd is "
                 "not supported; compile with the 'eager' backend for higher-order gradients");
     const auto& rt = *c10::static_intrusive_pointer_cast<Runtime>(ctx->saved_data["state"].toCapsule());
-    std::vector<at::Tensor> inputs = ctx->get_saved_variables();
+    std::vector<at::Tensor> inputs = saved_for_backward(ctx);
     inputs.reserve(inputs.size() + grad_outputs.size());
     for (size_t i = 0; i < rt.num_fw_outputs; ++i) {
       if (rt.tangent_of_fw_output[i] < 0) continue;

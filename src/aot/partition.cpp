@@ -177,9 +177,12 @@ class MinCut {
   std::vector<size_t> next_;
 };
 
+// `mutated` are the primals the forward updates in place: the backward cannot read them (they
+// hold the new values by then), so the cut never passes through one (what the backward needs
+// of them is saved as a value computed from them, e.g. BatchNorm's updated running statistics).
 std::vector<Value> min_cut_saved(const ir::Graph& g, const std::unordered_set<const Node*>& tangent_dependent,
                                  const std::unordered_set<const Node*>& required_fw,
-                                 const std::vector<Value>& grad_outputs) {
+                                 const std::vector<Value>& grad_outputs, const std::unordered_set<Value, ir::ValueHash>& mutated) {
   std::unordered_map<Value, int, ir::ValueHash> id;
   std::vector<Value> values;
   for (const auto& owned : g.nodes()) {
@@ -208,7 +211,7 @@ std::vector<Value> min_cut_saved(const ir::Graph& g, const std::unordered_set<co
     const bool pinned = primal || (required_fw.count(n) && !recomputable(n));
     for (size_t i = 0; i < n->num_outputs(); ++i) {
       Value o = n->output(i);
-      net.add(in(o), out(o), bytes_of(n->output_meta()[i]));
+      net.add(in(o), out(o), mutated.count(o) ? MinCut::kInf : bytes_of(n->output_meta()[i]));
       if (pinned) net.add(source, in(o), MinCut::kInf);
       for (const Value& v : ins) net.add(out(v), in(o), MinCut::kInf);
     }
@@ -296,7 +299,9 @@ Partition partition_joint(const JointGraph& j, Partitioner partitioner) {
       for (size_t i = 0; i < owned->num_outputs(); ++i)
         if (chosen.count(owned->output(i))) saved.push_back(owned->output(i));
   } else {
-    saved = min_cut_saved(g, tangent_dependent, required_fw, grad_outputs);
+    std::unordered_set<Value, ir::ValueHash> mutated;
+    for (size_t m : j.mutated_primals) mutated.insert(primals.at(m));
+    saved = min_cut_saved(g, tangent_dependent, required_fw, grad_outputs, mutated);
   }
   for (const Value& v : saved) {
     if (v.node->kind() != ir::NodeKind::Placeholder) continue;

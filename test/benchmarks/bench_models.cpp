@@ -55,8 +55,10 @@
 #include "bench_context.h"
 
 #include <benchmark/benchmark.h>
+#include <c10/core/CPUAllocator.h>
 #include <torch/torch.h>
 #include <torch/version.h>
+#include <torchcompile/compat.h>
 #include <torchcompile/torchcompile.h>
 
 #include <algorithm>
@@ -179,10 +181,14 @@ std::function<CompileInfo()> info_of(C compiled) {
 }
 
 /// `fwd` wrapped as a training step: gradients set to none, forward + loss, backward.
+/// Called between a training step's forward and its backward while memory is measured.
+std::function<void()> g_after_forward;
+
 std::function<torch::Tensor()> as_step(std::vector<torch::Tensor> params, std::function<torch::Tensor()> fwd) {
   return [params = std::move(params), fwd = std::move(fwd)]() {
     for (auto p : params) p.mutable_grad() = torch::Tensor();
     torch::Tensor loss = fwd();
+    if (g_after_forward) g_after_forward();
     loss.backward();
     return loss.detach();
   };
@@ -507,6 +513,10 @@ struct Cell {
   size_t repetitions = 0;
   double first_call_ms = NAN;
   CompileInfo first_info;
+  // Training rows: bytes held between the forward and the backward (what the step saved for
+  // the backward, plus the loss) and the peak during the step, both above what was live before
+  // it (with the gradients of the previous step released); -1 if not measured.
+  int64_t held_bytes = -1, peak_bytes = -1;
 };
 
 struct Results {
@@ -578,6 +588,38 @@ std::string main_table(Results& res) {
           if (!p.info.eager_reason.empty())
             cell += " †" + add_note(res, row.id + "/" + mode.name + " fell back to eager: " + p.info.eager_reason);
         }
+      }
+      os << " " << cell << " |";
+    }
+    os << "\n";
+  }
+  return os.str();
+}
+
+/// Training rows: MiB held after the forward / peak MiB of one step, per mode, with the ratio of
+/// the peak to eager's.
+std::string memory_table(const Results& res) {
+  std::ostringstream os;
+  os << "| model |";
+  for (const Mode& m : modes()) os << " " << m.name << " |";
+  os << "\n|---|";
+  for (size_t m = 0; m < modes().size(); ++m) os << "---:|";
+  os << "\n";
+  auto mib = [](int64_t b) { return fmt("%.2f", b / 1048576.0); };
+  for (size_t r = 0; r < rows().size(); ++r) {
+    if (!rows()[r].training) continue;
+    auto eager = res.cells.find({r, 0});
+    const int64_t eager_peak = eager == res.cells.end() ? -1 : eager->second.peak_bytes;
+    os << "| " << rows()[r].label << " |";
+    for (size_t m = 0; m < modes().size(); ++m) {
+      auto it = res.cells.find({r, m});
+      std::string cell = "–";
+      if (it != res.cells.end() && it->second.peak_bytes >= 0) {
+        const Cell& c = it->second;
+        cell = mib(c.held_bytes) + " / " + mib(c.peak_bytes);
+        if (m != 0 && eager_peak > 0) cell += " (" + fmt("%.2f", static_cast<double>(c.peak_bytes) / eager_peak) + "x)";
+      } else if (it != res.cells.end()) {
+        cell = "?";
       }
       os << " " << cell << " |";
     }
@@ -753,6 +795,13 @@ std::string report(Results& res) {
        << " fresh compiles in a warm process)\n\n";
     os << first_call_table(res);
   }
+  if (std::any_of(res.cells.begin(), res.cells.end(), [](const auto& kv) { return kv.second.peak_bytes >= 0; })) {
+    os << "\n## Memory of one training step, MiB (held between forward and backward / peak; peak ÷ eager's peak)\n\n"
+          "Counted by an allocator wrapping LibTorch's CPU allocator, above what was live before the step (the "
+          "previous step's gradients released): \"held\" is what the forward left for the backward (saved "
+          "activations, the loss), \"peak\" the most live during forward and backward, gradients included.\n\n";
+    os << memory_table(res);
+  }
   os << "\n## Targets beside this run\n\n";
   os << "\"met (ms)\" compares the `default` mode's median with the absolute target; \"met (speedup)\" compares its "
         "speedup over eager in this run with the target's speedup over the anchor eager "
@@ -809,6 +858,38 @@ void measure_first_calls(Results& res) {
   }
 }
 
+// The memory of one training step per (row, mode) that ran, counted by an allocator installed
+// for the rest of the process (after the timings: its bookkeeping would cost time).
+void measure_memory(Results& res) {
+  static torchcompile::compat::CountingAllocator counting(c10::GetCPUAllocator());
+  c10::SetCPUAllocator(&counting, /*priority=*/100);
+  for (auto& [key, cell] : res.cells) {
+    const auto [r, m] = key;
+    Instance& inst = instance(r);
+    if (!inst.training) continue;
+    std::function<torch::Tensor()> step;
+    if (!is_compiled(modes()[m])) {
+      step = inst.eager.call;
+    } else if (prepared(r, m).error.empty()) {
+      step = prepared(r, m).runner.call;
+    } else {
+      continue;
+    }
+    step();  // warm: every buffer a step keeps (optimizer-free here) exists from now on
+    for (auto& p : inst.params) p.mutable_grad() = torch::Tensor();
+    const int64_t before = counting.live_bytes();
+    counting.reset_peak();
+    int64_t held = 0;
+    g_after_forward = [&] { held = counting.live_bytes() - before; };
+    step();
+    g_after_forward = nullptr;
+    cell.held_bytes = held;
+    cell.peak_bytes = counting.peak_bytes() - before;
+    std::printf("memory %-10s %-14s held %8.2f MiB, peak %8.2f MiB\n", rows()[r].id.c_str(), modes()[m].name.c_str(),
+                held / 1048576.0, cell.peak_bytes / 1048576.0);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -862,6 +943,7 @@ int main(int argc, char** argv) {
     std::printf("\nFirst calls (%d fresh compiles each)\n", res.first_call_reps);
     measure_first_calls(res);
   }
+  measure_memory(res);
   const std::string text = report(res);
   std::printf("\n%s", text.c_str());
   bool ok = true;
