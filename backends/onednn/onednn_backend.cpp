@@ -246,6 +246,8 @@ std::string make_label(const Group& g, size_t kept) {
 
 // ---- the compiler -------------------------------------------------------------------------------
 
+struct Reorder;
+
 class Compiler {
  public:
   Compiler(GraphModule& gm) : gm_(gm) {
@@ -306,6 +308,8 @@ class Compiler {
     prog_->buffer_sizes.push_back(size);
     return static_cast<uint32_t>(prog_->buffer_sizes.size() - 1);
   }
+  // A reorder between two memory objects of the set, with its scratchpad.
+  Reorder make_reorder(const md_t& from, const md_t& to);
   void note_scratchpad(const md_t& md) {
     prog_->buffer_sizes[0] = std::max(prog_->buffer_sizes[0], md.get_size());
   }
@@ -883,6 +887,16 @@ dnnl::primitive_attr user_scratchpad_attr() {
   return attr;
 }
 
+Reorder Compiler::make_reorder(const md_t& from, const md_t& to) {
+  Reorder r;
+  dnnl::reorder::primitive_desc rpd(cpu_engine(), from, cpu_engine(), to, user_scratchpad_attr());
+  r.prim = dnnl::reorder(rpd);
+  r.mem_from = add_mem(from);
+  r.mem_to = add_mem(to);
+  add_scratchpad(rpd.scratchpad_desc(), r.has_scratch, r.mem_scratch);
+  return r;
+}
+
 // Blocked value -> plain fp32 tensor.
 struct ToPlainStep : Step {
   Reorder r;
@@ -1116,12 +1130,7 @@ uint32_t Compiler::plain(const Value& v) {
   if (l.kind == Loc::Slot) return l.index;
   if (l.plain_slot < 0) {
     auto s = std::make_unique<ToPlainStep>();
-    md_t plain = md_t(dims(l.sizes.begin(), l.sizes.end()), dt::f32, tag::nchw);
-    dnnl::reorder::primitive_desc rpd(cpu_engine(), l.md, cpu_engine(), plain, user_scratchpad_attr());
-    s->r.prim = dnnl::reorder(rpd);
-    s->r.mem_from = add_mem(l.md);
-    s->r.mem_to = add_mem(plain);
-    add_scratchpad(rpd.scratchpad_desc(), s->r.has_scratch, s->r.mem_scratch);
+    s->r = make_reorder(l.md, md_t(dims(l.sizes.begin(), l.sizes.end()), dt::f32, tag::nchw));
     s->buffer = l.index;
     s->sizes = l.sizes;
     s->out = new_slot();
@@ -1380,15 +1389,6 @@ bool Compiler::emit_conv(Group& g) {
     std::vector<uint32_t> reads;
     s->prim = dnnl::convolution_forward(*pd);
     // Source.
-    auto make_reorder = [&](const md_t& from, const md_t& to) {
-      Reorder r;
-      dnnl::reorder::primitive_desc rpd(cpu_engine(), from, cpu_engine(), to, user_scratchpad_attr());
-      r.prim = dnnl::reorder(rpd);
-      r.mem_from = add_mem(from);
-      r.mem_to = add_mem(to);
-      add_scratchpad(rpd.scratchpad_desc(), r.has_scratch, r.mem_scratch);
-      return r;
-    };
     if (src_blocked) {
       s->src.blocked = true;
       s->src.index = sit->second.index;
@@ -1515,15 +1515,6 @@ bool Compiler::emit_train_conv(Group& g) {
   dnnl::convolution_forward::primitive_desc fpd(fd, attr, cpu_engine());
   if (is_ref_impl(fpd.impl_info_str())) return false;
 
-  auto make_reorder = [&](const md_t& from, const md_t& to) {
-    Reorder r;
-    dnnl::reorder::primitive_desc rpd(cpu_engine(), from, cpu_engine(), to, user_scratchpad_attr());
-    r.prim = dnnl::reorder(rpd);
-    r.mem_from = add_mem(from);
-    r.mem_to = add_mem(to);
-    add_scratchpad(rpd.scratchpad_desc(), r.has_scratch, r.mem_scratch);
-    return r;
-  };
   std::vector<uint32_t> reads;
   auto add_in = [&](PlainPrimitiveStep& st, int arg, const Value& v, const md_t& plain_md, const md_t& prim_md) {
     PlainPrimitiveStep::In in;
@@ -1644,12 +1635,7 @@ bool Compiler::emit_pool(Group& g) {
     s->out.direct = true;
   } else {
     s->out.buffer = add_buffer(pd->dst_desc().get_size());
-    Reorder r;
-    dnnl::reorder::primitive_desc rpd(cpu_engine(), pd->dst_desc(), cpu_engine(), plain_dst, user_scratchpad_attr());
-    r.prim = dnnl::reorder(rpd);
-    r.mem_from = add_mem(pd->dst_desc());
-    r.mem_to = add_mem(plain_dst);
-    s->out.to_plain = r;
+    s->out.to_plain = make_reorder(pd->dst_desc(), plain_dst);
   }
   locs_[g.out] = slot_loc(s->out.slot);
   push(std::move(s), std::move(reads));

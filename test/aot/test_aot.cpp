@@ -55,6 +55,16 @@ size_t count(const std::vector<std::string>& ops, const std::string& target) {
   return static_cast<size_t>(std::count(ops.begin(), ops.end(), target));
 }
 
+// Every buffer and parameter of `module` equals its namesake in `reference`.
+void expect_same_state(torch::nn::Module& reference, torch::nn::Module& module, double rtol, double atol) {
+  auto ref_buffers = reference.named_buffers();
+  for (const auto& b : module.named_buffers())
+    EXPECT_TRUE(tensors_close(ref_buffers[b.key()], b.value(), rtol, atol)) << "buffer " << b.key();
+  auto ref_params = reference.named_parameters();
+  for (const auto& p : module.named_parameters())
+    EXPECT_TRUE(tensors_close(ref_params[p.key()], p.value(), rtol, atol)) << "parameter " << p.key();
+}
+
 // Training parity: `steps` SGD steps of the module compiled with `backend` against an eager
 // clone; after every backward all parameter and input gradients must match, and at the end
 // every parameter and buffer.
@@ -96,12 +106,7 @@ void check_training(std::shared_ptr<M> module, const Recorder& rec, torchcompile
       }
     }
   }
-  auto ref_buffers = reference->named_buffers();
-  for (const auto& b : module->named_buffers())
-    EXPECT_TRUE(tensors_close(ref_buffers[b.key()], b.value(), rtol, atol)) << "buffer " << b.key();
-  auto ref_params = reference->named_parameters();
-  for (const auto& p : module->named_parameters())
-    EXPECT_TRUE(tensors_close(ref_params[p.key()], p.value(), rtol, atol)) << "parameter " << p.key();
+  expect_same_state(*reference, *module, rtol, atol);
   EXPECT_EQ(compiled.state().num_entries(), 1u);
   EXPECT_FALSE(compiled.state().entries().front()->runs_eagerly()) << compiled.state().entries().front()->eager_reason();
   EXPECT_GE(rec.backwards(), 1u) << "no backward graph was compiled";
@@ -713,12 +718,7 @@ class AotTraining : public ::testing::TestWithParam<std::string> {
       opt_ref.step();
       opt.step();
     }
-    auto ref_buffers = reference->named_buffers();
-    for (const auto& b : module->named_buffers())
-      EXPECT_TRUE(tensors_close(ref_buffers[b.key()], b.value(), rtol, atol)) << "buffer " << b.key();
-    auto ref_params = reference->named_parameters();
-    for (const auto& p : module->named_parameters())
-      EXPECT_TRUE(tensors_close(ref_params[p.key()], p.value(), rtol, atol)) << "parameter " << p.key();
+    expect_same_state(*reference, *module, rtol, atol);
     ASSERT_EQ(compiled.state().num_entries(), 1u);
     const auto entry = compiled.state().entries().front();
     ASSERT_FALSE(entry->runs_eagerly()) << entry->eager_reason();
