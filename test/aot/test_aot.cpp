@@ -55,6 +55,22 @@ size_t count(const std::vector<std::string>& ops, const std::string& target) {
   return static_cast<size_t>(std::count(ops.begin(), ops.end(), target));
 }
 
+// Every parameter of `module` has a gradient exactly when its namesake in `reference` has one,
+// and they are close.
+::testing::AssertionResult same_grads(torch::nn::Module& reference, torch::nn::Module& module, double rtol, double atol) {
+  auto ref_params = reference.named_parameters();
+  for (const auto& p : module.named_parameters()) {
+    const torch::Tensor &want = ref_params[p.key()].grad(), &got = p.value().grad();
+    if (want.defined() != got.defined())
+      return ::testing::AssertionFailure() << "grad of " << p.key() << (got.defined() ? " defined" : " undefined")
+                                           << ", eager's " << (want.defined() ? "defined" : "undefined");
+    if (!got.defined()) continue;
+    auto close = tensors_close(want, got, rtol, atol);
+    if (!close) return close << " (grad of " << p.key() << ")";
+  }
+  return ::testing::AssertionSuccess();
+}
+
 // Every buffer and parameter of `module` equals its namesake in `reference`.
 void expect_same_state(torch::nn::Module& reference, torch::nn::Module& module, double rtol, double atol) {
   auto ref_buffers = reference.named_buffers();
@@ -88,13 +104,7 @@ void check_training(std::shared_ptr<M> module, const Recorder& rec, torchcompile
     ASSERT_TRUE(tensors_close(expected, actual, rtol, atol)) << "loss at step " << step;
     expected.backward();
     actual.backward();
-    auto ref_params = reference->named_parameters();
-    for (const auto& p : module->named_parameters()) {
-      ASSERT_EQ(ref_params[p.key()].grad().defined(), p.value().grad().defined()) << p.key();
-      if (!p.value().grad().defined()) continue;
-      EXPECT_TRUE(tensors_close(ref_params[p.key()].grad(), p.value().grad(), rtol, atol))
-          << "grad of " << p.key() << " at step " << step;
-    }
+    ASSERT_TRUE(same_grads(*reference, *module, rtol, atol)) << "at step " << step;
     for (size_t i = 0; i < xs.size(); ++i)
       if (xs[i].requires_grad()) EXPECT_TRUE(tensors_close(xs[i].grad(), ys[i].grad(), rtol, atol)) << "input grad " << i;
     torch::NoGradGuard no_grad;
@@ -706,13 +716,7 @@ class AotTraining : public ::testing::TestWithParam<std::string> {
       ASSERT_TRUE(tensors_close(expected, actual, rtol, atol)) << "loss at step " << step;
       expected.backward();
       actual.backward();
-      auto ref_params = reference->named_parameters();
-      for (const auto& p : module->named_parameters()) {
-        ASSERT_EQ(ref_params[p.key()].grad().defined(), p.value().grad().defined()) << p.key();
-        if (p.value().grad().defined())
-          ASSERT_TRUE(tensors_close(ref_params[p.key()].grad(), p.value().grad(), rtol, atol))
-              << "grad of " << p.key() << " at step " << step;
-      }
+      ASSERT_TRUE(same_grads(*reference, *module, rtol, atol)) << "at step " << step;
       if (xs[0].requires_grad())
         ASSERT_TRUE(tensors_close(xs[0].grad(), x2.grad(), rtol, atol)) << "input gradient at step " << step;
       opt_ref.step();
