@@ -96,6 +96,9 @@ std::optional<double> scalar(const c10::IValue& v) {
 
 const ir::Argument& arg(const Node* n, size_t i) { return n->args().at(i); }
 
+// A convolution's stride / padding / dilation: one value for both spatial dims, or two.
+std::vector<int64_t> pair_of(std::vector<int64_t> v) { return v.size() == 1 ? std::vector<int64_t>{v[0], v[0]} : v; }
+
 // The tensor value of argument i, if it is one and defined.
 std::optional<Value> value_arg(const Node* n, size_t i) {
   if (i >= n->args().size()) return std::nullopt;
@@ -594,10 +597,9 @@ bool Compiler::match_conv(Node* n, Group& g) {
   auto st = int_list(arg(n, 3).constant()), pd = int_list(arg(n, 4).constant()), dl = int_list(arg(n, 5).constant());
   auto gr = scalar_arg(n, groups_index);
   if (!arg(n, 3).is_constant() || !st || !pd || !dl || !gr) return false;
-  auto expand = [](std::vector<int64_t> v) { return v.size() == 1 ? std::vector<int64_t>{v[0], v[0]} : v; };
-  g.stride = expand(*st);
-  g.padding = expand(*pd);
-  g.dilation = expand(*dl);
+  g.stride = pair_of(*st);
+  g.padding = pair_of(*pd);
+  g.dilation = pair_of(*dl);
   g.groups = static_cast<int64_t>(*gr);
   if (g.stride.size() != 2 || g.padding.size() != 2 || g.dilation.size() != 2 || g.groups < 1) return false;
   if (xm.sizes[1] != wm.sizes[1] * g.groups || wm.sizes[0] % g.groups != 0) return false;
@@ -650,7 +652,39 @@ bool Compiler::match_conv(Node* n, Group& g) {
   return true;
 }
 
-bool winograd_enabled();
+// oneDNN's Winograd F(4x4, 3x3) convolution does about half the multiplications of the direct
+// one. Here it runs M3's second convolution (32 -> 64 channels, 64x64) in ~7 ms where the
+// direct kernels take 11-17 ms. Used for 3x3, stride-1, undilated, ungrouped convolutions with
+// channel counts that are multiples of 16 (its blocked layout) and at least 16x16 outputs;
+// TORCHCOMPILE_ONEDNN_WINOGRAD=0 turns it off. Its results differ from a direct convolution
+// by rounding only (a relative error around 1e-6 in fp32).
+// (Read at each compile.)
+bool winograd_enabled() {
+  const char* e = std::getenv("TORCHCOMPILE_ONEDNN_WINOGRAD");
+  return !e || std::string(e) != "0";
+}
+
+// Whether a convolution has the shapes above (`w` OIHW, `out` NCHW).
+bool winograd_shape(const std::vector<int64_t>& w, const Group& g, const std::vector<int64_t>& out) {
+  const std::vector<int64_t> one{1, 1};
+  return w.size() == 4 && w[2] == 3 && w[3] == 3 && g.stride == one && g.dilation == one && g.groups == 1 &&
+         w[0] % 16 == 0 && w[1] % 16 == 0 && out.size() == 4 && out[2] >= 16 && out[3] >= 16;
+}
+
+// An inference convolution with a prepacked weight that Winograd takes.
+bool winograd_candidate(const Group& g, const std::vector<int64_t>& out_sizes) {
+  return winograd_enabled() && g.kind == GroupKind::Conv && g.weight_attr &&
+         winograd_shape(g.weight_attr->sizes().vec(), g, out_sizes);
+}
+
+// oneDNN's right (bottom) padding of a convolution from `in` to `out` sizes with kernel `k`.
+dnnl::memory::dims conv_pad_r(const Group& g, const std::vector<int64_t>& in, const std::vector<int64_t>& k,
+                              const std::vector<int64_t>& out) {
+  dnnl::memory::dims r(2);
+  for (size_t d = 0; d < 2; ++d)
+    r[d] = (out[d + 2] - 1) * g.stride[d] + (k[d + 2] - 1) * g.dilation[d] + 1 - in[d + 2] - g.padding[d];
+  return r;
+}
 
 // Training graphs (AOT's forward and backward): convolutions whose weights are graph inputs, and
 // their gradients (`convolution_backward`), with oneDNN's Winograd algorithm where it applies
@@ -676,17 +710,18 @@ bool Compiler::match_train_conv(Node* n, Group& g) {
        dl = int_list(arg(n, a + 2).constant());
   auto tr = scalar_arg(n, a + 3), gr = scalar_arg(n, a + 5);
   if (!st || !pd || !dl || !tr || *tr != 0.0 || !gr || *gr != 1.0) return false;
-  auto expand = [](std::vector<int64_t> v) { return v.size() == 1 ? std::vector<int64_t>{v[0], v[0]} : v; };
-  const std::vector<int64_t> one{1, 1};
-  if (expand(*st) != one || expand(*dl) != one || expand(*pd).size() != 2) return false;
+  g.stride = pair_of(*st);
+  g.padding = pair_of(*pd);
+  g.dilation = pair_of(*dl);
+  g.groups = static_cast<int64_t>(*gr);
+  if (g.padding.size() != 2) return false;
   const TensorMeta &xm = meta(*x), &wm = meta(*w);
   const Value y = backward ? *gy : n->output(0);
   const TensorMeta& ym = meta(y);
   for (const TensorMeta* m : {&xm, &wm, &ym})
     if (!is_f32(*m) || m->sizes.size() != 4 || !is_contiguous(m->sizes, m->strides) || numel(m->sizes) == 0)
       return false;
-  if (wm.sizes[2] != 3 || wm.sizes[3] != 3 || wm.sizes[0] % 16 != 0 || wm.sizes[1] % 16 != 0 ||
-      xm.sizes[1] != wm.sizes[1] || ym.sizes[1] != wm.sizes[0] || ym.sizes[2] < 16 || ym.sizes[3] < 16)
+  if (!winograd_shape(wm.sizes, g, ym.sizes) || xm.sizes[1] != wm.sizes[1] || ym.sizes[1] != wm.sizes[0])
     return false;
   if (backward) {
     if (!arg(n, 10).is_constant() || !arg(n, 10).constant().isBoolList()) return false;
@@ -704,9 +739,6 @@ bool Compiler::match_train_conv(Node* n, Group& g) {
   g.anchor = n;
   g.src = *x;
   g.weight = *w;
-  g.padding = expand(*pd);
-  g.stride = one;
-  g.dilation = one;
   g.head.push_back(n);
   g.base = n->output(0);
   return true;
@@ -1289,26 +1321,6 @@ bool Compiler::emit_linear(Group& g, bool batched) {
   return false;
 }
 
-// oneDNN's Winograd F(4x4, 3x3) convolution does about half the multiplications of the direct
-// one. Here it runs M3's second convolution (32 -> 64 channels, 64x64) in ~7 ms where the
-// direct kernels take 11-17 ms. Used for 3x3, stride-1, undilated, ungrouped convolutions with
-// channel counts that are multiples of 16 (its blocked layout) and at least 16x16 outputs;
-// TORCHCOMPILE_ONEDNN_WINOGRAD=0 turns it off. Its results differ from a direct convolution
-// by rounding only (a relative error around 1e-6 in fp32).
-// (Read at each compile.)
-bool winograd_enabled() {
-  const char* e = std::getenv("TORCHCOMPILE_ONEDNN_WINOGRAD");
-  return !e || std::string(e) != "0";
-}
-
-bool winograd_candidate(const Group& g, const std::vector<int64_t>& out_sizes) {
-  if (!winograd_enabled() || g.kind != GroupKind::Conv || g.groups != 1 || !g.weight_attr) return false;
-  const at::Tensor& w = *g.weight_attr;
-  const std::vector<int64_t> one{1, 1};
-  return w.dim() == 4 && w.size(2) == 3 && w.size(3) == 3 && g.stride == one && g.dilation == one &&
-         w.size(0) % 16 == 0 && w.size(1) % 16 == 0 && out_sizes.size() == 4 && out_sizes[2] >= 16 &&
-         out_sizes[3] >= 16;
-}
 
 bool Compiler::keep_blocked(const Value& v) const {
   const auto& uses = v.node->uses(v.index);
@@ -1329,8 +1341,7 @@ bool Compiler::emit_conv(Group& g) {
   const std::vector<int64_t>& os = meta(g.base).sizes;
   const int64_t OH = os[2], OW = os[3];
   dims pad_l = {g.padding[0], g.padding[1]};
-  dims pad_r = {(OH - 1) * g.stride[0] + (KH - 1) * g.dilation[0] + 1 - IH - g.padding[0],
-                (OW - 1) * g.stride[1] + (KW - 1) * g.dilation[1] + 1 - IW - g.padding[1]};
+  dims pad_r = conv_pad_r(g, xm.sizes, w.sizes().vec(), os);
   dims strides = {g.stride[0], g.stride[1]};
   dims dil = {g.dilation[0] - 1, g.dilation[1] - 1};
   md_t wei_any = g.groups == 1 ? md_t({OC, IC, KH, KW}, dt::f32, tag::any)
@@ -1501,7 +1512,7 @@ bool Compiler::emit_train_conv(Group& g) {
   const int64_t N = xm.sizes[0], IC = xm.sizes[1], IH = xm.sizes[2], IW = xm.sizes[3];
   const int64_t OC = wm.sizes[0], KH = wm.sizes[2], KW = wm.sizes[3], OH = ys[2], OW = ys[3];
   const dims pad_l = {g.padding[0], g.padding[1]};
-  const dims pad_r = {OH - 1 + KH - IH - g.padding[0], OW - 1 + KW - IW - g.padding[1]};
+  const dims pad_r = conv_pad_r(g, xm.sizes, wm.sizes, ys);
   const dims strides = {1, 1};
   const md_t src_plain({N, IC, IH, IW}, dt::f32, tag::nchw), wei_plain({OC, IC, KH, KW}, dt::f32, tag::oihw),
       dst_plain({N, OC, OH, OW}, dt::f32, tag::nchw), bias_plain({OC}, dt::f32, tag::a);

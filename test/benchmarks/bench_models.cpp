@@ -180,10 +180,10 @@ std::function<CompileInfo()> info_of(C compiled) {
   };
 }
 
-/// `fwd` wrapped as a training step: gradients set to none, forward + loss, backward.
 /// Called between a training step's forward and its backward while memory is measured.
 std::function<void()> g_after_forward;
 
+/// `fwd` wrapped as a training step: gradients set to none, forward + loss, backward.
 std::function<torch::Tensor()> as_step(std::vector<torch::Tensor> params, std::function<torch::Tensor()> fwd) {
   return [params = std::move(params), fwd = std::move(fwd)]() {
     for (auto p : params) p.mutable_grad() = torch::Tensor();
