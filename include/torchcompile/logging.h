@@ -1,6 +1,6 @@
 // Opt-in diagnostic logs (public: backends log through it too), selected with TORCHCOMPILE_LOGS (Python's TORCH_LOGS):
 //
-//   TORCHCOMPILE_LOGS=recompiles,guards,graph,graph_breaks   a comma list (spaces ignored)
+//   TORCHCOMPILE_LOGS=recompiles,guards,dynamic,graph        a comma list (spaces ignored)
 //   TORCHCOMPILE_LOGS=all                                     everything ("+all" too; a leading
 //                                                             '+' on any name is accepted)
 //
@@ -10,6 +10,8 @@
 //   graph_breaks   each graph break, with its reason and the op that caused it
 //   passes         each step of the compile pipeline with its time, and the graph after each
 //                  step that changed it; which backend compiled each graph and every decline
+//   dynamic        every dynamic-shape decision: which dimension became a symbol, which stayed
+//                  static and why, and each specialization of a dynamic entry for new sizes
 //
 // The variable is read once, on the first log_enabled() call; unknown names warn once, listing
 // the valid ones (on stderr). set_logs() overrides it (tests). Off by default, and zero cost when off:
@@ -36,6 +38,7 @@ enum class LogKind : uint32_t {
   Graph = 1u << 2,
   GraphBreaks = 1u << 3,
   Passes = 1u << 4,
+  Dynamic = 1u << 5,
 };
 
 namespace detail {
@@ -67,7 +70,7 @@ void reset_logs();
 uint32_t parse_log_spec(const std::string& spec, std::vector<std::string>* unknown = nullptr);
 /// "recompiles", "guards", "graph", "graph_breaks", "passes".
 const char* log_kind_name(LogKind kind);
-/// "recompiles, guards, graph, graph_breaks, passes, all": for messages.
+/// "recompiles, guards, graph, graph_breaks, passes, dynamic, all": for messages.
 std::string valid_log_names();
 
 }  // namespace torchcompile::runtime

@@ -24,6 +24,7 @@
 #include <torchcompile/aot.h>                     // aot_autograd, decompositions
 #include <torchcompile/backends/compile_report.h> // decline(), CompileReport
 #include <torchcompile/backends/registry.h>       // Backend, register_backend, fallback_chain
+#include <torchcompile/dynamic.h>                 // mark_dynamic, mark_static
 #include <torchcompile/frontend/compiled.h>       // torch::compile, Compiled, torchcompile::call
 #include <torchcompile/frontend/explain.h>        // explain
 #include <torchcompile/frontend/fields.h>         // Fields, TORCHCOMPILE_FIELDS

@@ -13,11 +13,13 @@
 #include <c10/util/intrusive_ptr.h>
 #include <torch/library.h>
 
+#include "capture/observed.h"
 #include "capture/segment_records.h"
 
 #include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
@@ -97,6 +99,8 @@ struct Tracer::Impl {
   c10::DispatchKey key = compat::kTracingKey;
   bool fullgraph = false;
   OpInterceptor interceptor;
+  std::shared_ptr<SizeReads> size_reads;  // set: observe size reads (capture/observed.h)
+  std::string unobserved;                 // why some reads may not have been seen
 
   // The call's environment: slot tensors, their names, and which slot a tensor is.
   std::vector<at::Tensor> slots;
@@ -578,6 +582,105 @@ struct TracerAccess {
 
 namespace {
 
+// The observed tensors among an op's arguments: muted (default policy) until destruction, so
+// that reads by kernels and by the tracer are not counted; observe_results observes the op's
+// results (capture/observed.h).
+class MutedArgs {
+ public:
+  MutedArgs(const torch::jit::Stack& stack, size_t num_args) {
+    for (size_t i = stack.size() - num_args; i < stack.size(); ++i) {
+      const c10::IValue& v = stack[i];
+      if (v.isTensor()) {
+        add(v.toTensor());
+      } else if (v.isTensorList()) {
+        for (const at::Tensor& t : v.toTensorList()) add(t);
+      } else if (v.isList()) {
+        for (const c10::IValue& e : v.toListRef())
+          if (e.isTensor()) add(e.toTensor());
+      }
+    }
+  }
+  ~MutedArgs() {
+    for (ObservedTensorImpl* t : muted_) t->set_observing(true);
+  }
+  MutedArgs(const MutedArgs&) = delete;
+  MutedArgs& operator=(const MutedArgs&) = delete;
+
+  // A metadata query op (its result is a size or stride): a read of all its arguments' sizes.
+  void note_read(const std::string& op) {
+    for (ObservedTensorImpl* t : muted_) t->note_read_all(op.c_str());
+  }
+
+  // Observe the op's tensor results (their dimensions carry the union of the arguments'
+  // candidates); a result written in place (`out=`, `resize_`) gains them too.
+  void observe_results(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args, torch::jit::Stack* stack,
+                       size_t num_returns, TracerAccess::Impl& impl);
+
+ private:
+  void add(const at::Tensor& t) {
+    ObservedTensorImpl* o = ObservedTensorImpl::of(t);
+    if (o == nullptr) return;
+    bits_ |= o->all_bits();
+    o->set_observing(false);
+    muted_.push_back(o);
+  }
+  at::Tensor observe(const at::Tensor& t, const std::string& label, TracerAccess::Impl& impl);
+
+  std::vector<ObservedTensorImpl*> muted_;
+  uint64_t bits_ = 0;
+};
+
+}  // namespace
+
+at::Tensor MutedArgs::observe(const at::Tensor& t, const std::string& label, TracerAccess::Impl& impl) {
+  if (!t.defined() || bits_ == 0) return t;
+  if (ObservedTensorImpl* o = ObservedTensorImpl::of(t)) {
+    o->add_bits(bits_);
+    return t;
+  }
+  if (t.layout() != c10::kStrided || !t.has_storage()) {
+    if (impl.unobserved.empty()) impl.unobserved = label + " is not a strided tensor";
+    return t;
+  }
+  at::Tensor o = ObservedTensorImpl::make(t, impl.size_reads, std::vector<uint64_t>(t.dim(), bits_), label);
+  ObservedTensorImpl* impl_of = ObservedTensorImpl::of(o);
+  impl_of->set_observing(false);
+  muted_.push_back(impl_of);
+  return o;
+}
+
+void MutedArgs::observe_results(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args,
+                                torch::jit::Stack* stack, size_t num_returns, TracerAccess::Impl& impl) {
+  if (bits_ == 0) return;
+  const std::string label = "the result of " + ir::op_target_name(op);
+  // Arguments written in place: an observed one gains the candidates; another cannot be.
+  const auto& schema = op.schema();
+  for (size_t i = 0; i < args.size(); ++i) {
+    const auto* alias = schema.arguments()[i].alias_info();
+    if (alias == nullptr || !alias->isWrite() || !args[i].isTensor()) continue;
+    const at::Tensor& t = args[i].toTensor();
+    if (!t.defined()) continue;
+    if (ObservedTensorImpl* o = ObservedTensorImpl::of(t)) {
+      o->add_bits(bits_);
+    } else if (impl.unobserved.empty()) {
+      impl.unobserved = ir::op_target_name(op) + " wrote into a tensor that is not observed";
+    }
+  }
+  for (size_t i = stack->size() - num_returns; i < stack->size(); ++i) {
+    c10::IValue& v = (*stack)[i];
+    if (v.isTensor()) {
+      v = observe(v.toTensor(), label, impl);
+    } else if (v.isTensorList()) {
+      auto list = v.toTensorList();
+      for (size_t k = 0; k < list.size(); ++k) list.set(k, observe(list.get(k), label, impl));
+    } else if (v.isList()) {
+      if (impl.unobserved.empty()) impl.unobserved = label + " is a list the tracer does not observe";
+    }
+  }
+}
+
+namespace {
+
 template <TraceLevel Level>
 void tracing_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   Tracer* tracer = Tracer::current(Level);
@@ -589,8 +692,12 @@ void tracing_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   }
   TracerAccess::Impl& impl = TracerAccess::impl(*tracer);
   const auto& schema = op.schema();
+  // Observed tensors: ordinary while the op runs, observed again afterwards.
+  std::optional<MutedArgs> muted;
+  if (impl.size_reads) muted.emplace(*stack, schema.arguments().size());
   const bool host_value = !returns_only_tensors(schema);
   if (host_value && is_metadata_query(op)) {
+    if (muted) muted->note_read(ir::op_target_name(op));  // a size query by other means
     redispatch_below_tracer(key, op, ks, stack);
     return;
   }
@@ -605,6 +712,7 @@ void tracing_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   std::vector<c10::IValue> args(stack->end() - num_args, stack->end());
   redispatch_below_tracer(key, op, ks, stack);
   const size_t num_returns = schema.returns().size();
+  if (muted) muted->observe_results(op, args, stack, num_returns, impl);
   impl.record(op, args, stack->data() + (stack->size() - num_returns));
 }
 
@@ -636,6 +744,13 @@ Tracer::~Tracer() = default;
 Tracer* Tracer::current(TraceLevel level) { return tls_current_tracer[static_cast<int>(level)]; }
 
 void Tracer::set_interceptor(OpInterceptor f) { impl_->interceptor = std::move(f); }
+
+void Tracer::observe_sizes(std::shared_ptr<SizeReads> reads) {
+  TORCH_INTERNAL_ASSERT(level_ == TraceLevel::AboveAutograd, "size reads are observed above autograd only");
+  impl_->size_reads = std::move(reads);
+}
+
+const std::string& Tracer::unobserved_reason() const { return impl_->unobserved; }
 
 void Tracer::add_input(const at::Tensor& t, const std::string& name) {
   Impl& im = *impl_;
@@ -707,6 +822,7 @@ void Tracer::record_module_call(const std::string& path, const std::vector<at::T
                                 const std::vector<at::Tensor>& outputs, ir::ModuleFn fn) {
   Impl& im = *impl_;
   if (failed()) return;
+  if (im.size_reads && im.unobserved.empty()) im.unobserved = "module '" + path + "' ran as an opaque call";
   std::vector<ir::Argument> args;
   for (const at::Tensor& t : inputs) {
     if (!t.defined()) {

@@ -48,6 +48,43 @@ Node* copy_node(Graph& dst, const Node& n, const std::function<Value(const Value
   return copy;
 }
 
+std::unique_ptr<GraphModule> copy_module(const GraphModule& gm) {
+  auto out = std::make_unique<GraphModule>();
+  Graph& g = out->graph();
+  std::unordered_map<const Node*, Node*> copies;
+  auto map = [&](const Value& v) { return Value{copies.at(v.node), v.index}; };
+  for (const auto& owned : gm.graph().nodes()) {
+    const Node& n = *owned;
+    switch (n.kind()) {
+      case NodeKind::Placeholder: {
+        Value v = g.placeholder(n.target(), n.output_meta().at(0));
+        g.rename(v.node, n.name());
+        copies[&n] = v.node;
+        break;
+      }
+      case NodeKind::GetAttr: {
+        Value v = g.get_attr(n.target(), n.output_meta().at(0));
+        g.rename(v.node, n.name());
+        copies[&n] = v.node;
+        break;
+      }
+      case NodeKind::Output: {
+        std::vector<Value> outs;
+        for (const auto& e : n.args().at(0).list()) outs.push_back(map(*e));
+        g.output(std::move(outs));
+        break;
+      }
+      default:
+        copies[&n] = copy_node(g, n, map);
+    }
+  }
+  for (const auto& [name, attr] : gm.attributes()) out->set_attribute(name, attr.first, attr.second);
+  for (const auto& owned : gm.graph().nodes())
+    if (owned->kind() == NodeKind::CallModule && !out->has_submodule(owned->target()))
+      out->set_submodule(owned->target(), gm.submodule(owned->target()));
+  return out;
+}
+
 std::vector<std::vector<const Node*>> partition_by_support(const Graph& g,
                                                            const std::function<bool(const Node&)>& supported,
                                                            size_t min_size) {

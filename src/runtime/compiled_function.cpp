@@ -6,19 +6,42 @@
 #include <torchcompile/runtime/compiled_function.h>
 
 #include <torchcompile/capture/tracer.h>
+#include <torchcompile/ir/split.h>
 #include <torchcompile/logging.h>
 
+#include "capture/observed.h"
+#include "runtime/dynamic.h"
 #include "runtime/guards.h"
 #include "runtime/trace_session.h"
 #include "runtime/trace_tree.h"
 
+#include <ATen/core/grad_mode.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
+#include <torch/nn/module.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 
 namespace torchcompile::runtime {
+
+namespace {
+thread_local const std::vector<at::Tensor>* tls_substituted = nullptr;
+}  // namespace
+
+const std::vector<at::Tensor>* take_substituted_inputs() {
+  const std::vector<at::Tensor>* s = tls_substituted;
+  tls_substituted = nullptr;
+  return s;
+}
+
+SubstitutedInputs::SubstitutedInputs(const std::vector<at::Tensor>* inputs) : previous_(tls_substituted) {
+  tls_substituted = inputs;
+}
+
+SubstitutedInputs::~SubstitutedInputs() { tls_substituted = previous_; }
 
 CompiledEntry::CompiledEntry(std::unique_ptr<GuardSet> guards, std::unique_ptr<Segment> root,
                              std::vector<std::string> input_names, std::string eager_reason)
@@ -37,7 +60,10 @@ const std::string& CompiledEntry::eager_reason() const {
 // ---- the compiled object ------------------------------------------------------------------------
 
 CompiledFunction::CompiledFunction(CompileOptions options, std::shared_ptr<torch::nn::Module> root, std::string name)
-    : options_(std::move(options)), root_(std::move(root)), name_(std::move(name)) {
+    : options_(std::move(options)),
+      root_(std::move(root)),
+      name_(std::move(name)),
+      size_history_(std::make_unique<SizeHistory>()) {
   capture::register_tracing_fallback();
   const char* verify_env = std::getenv("TORCHCOMPILE_VERIFY");
   verify_ = options_.verify || (verify_env != nullptr && std::string(verify_env) == "1");
@@ -124,11 +150,70 @@ std::vector<at::Tensor> CompiledFunction::call_compiled(const CallArgs& args, co
   return run_entry(*entry, args, forward, spec);
 }
 
+namespace {
+
+// Why a trace cannot be observed for dynamic shapes: observed op results would lose their
+// autograd history, so autograd must not be recording.
+std::string autograd_reason(const CallArgs& args, const std::vector<std::string>& names, const torch::nn::Module* root) {
+  if (!at::GradMode::is_enabled() || c10::InferenceMode::is_enabled()) return "";
+  const std::string fix = " (dynamic shapes need torch::NoGradGuard or c10::InferenceMode for now)";
+  for (size_t i = 0; i < args.tensors.size(); ++i)
+    if (args.tensors[i].defined() && args.tensors[i].requires_grad())
+      return "autograd is recording: input '" + names[i] + "' requires grad" + fix;
+  if (root != nullptr)
+    for (const auto& p : root->named_parameters(/*recurse=*/true))
+      if (p.value().requires_grad()) return "autograd is recording: parameter '" + p.key() + "' requires grad" + fix;
+  return "";
+}
+
+// The observed inputs of a dynamic trace: an input with candidates is observed, its candidate
+// dimensions tagged with their bits (bit k: candidates[k]).
+ObservedInputs observe_inputs(const CallArgs& args, const std::vector<std::string>& names,
+                              const std::vector<Candidate>& candidates) {
+  ObservedInputs o;
+  o.reads = std::make_shared<capture::SizeReads>();
+  o.inputs = args.tensors;
+  for (size_t i = 0; i < args.tensors.size(); ++i) {
+    const at::Tensor& t = args.tensors[i];
+    std::vector<uint64_t> bits(t.defined() ? t.dim() : 0, 0);
+    bool any = false;
+    for (size_t k = 0; k < candidates.size(); ++k)
+      if (candidates[k].input == i) bits[candidates[k].dim] |= uint64_t{1} << k, any = true;
+    if (any) o.inputs[i] = capture::ObservedTensorImpl::make(t, o.reads, std::move(bits), "input '" + names[i] + "'");
+  }
+  return o;
+}
+
+}  // namespace
+
 std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, const ForwardFn& forward,
                                                           OutputSpec& spec) {
   auto guards = GuardSet::build(args, root_, options_.input_names);
   const auto names = tensor_input_names(args, options_.input_names);
-  TracedRun traced = trace_forward(*this, *guards, args, forward, spec, names);
+  // Dynamic shapes (runtime/dynamic.h): candidates, an observed trace, symbols.
+  const std::vector<Candidate> candidates =
+      dynamic_candidates(options_.dynamic, args, names, *size_history_, name_);
+  std::string static_reason;
+  std::optional<ObservedInputs> observed;
+  if (!candidates.empty()) {
+    static_reason = autograd_reason(args, names, root_.get());
+    if (static_reason.empty()) observed = observe_inputs(args, names, candidates);
+  }
+  TracedRun traced = trace_forward(*this, *guards, args, forward, spec, names, observed ? &*observed : nullptr);
+  DynamicPlan plan;
+  if (!candidates.empty()) {
+    if (static_reason.empty() && !traced.failure.empty()) static_reason = "the trace failed";
+    if (static_reason.empty() && traced.records.size() != 1) static_reason = "the forward has graph breaks";
+    if (static_reason.empty() && !traced.unobserved.empty())
+      static_reason = "not every size read can be seen: " + traced.unobserved;
+    plan = plan_symbols(candidates, observed ? observed->reads->read() : 0,
+                        observed ? observed->reads->first_reads() : std::vector<std::string>{}, static_reason, args,
+                        names, name_);
+    if (!plan.empty()) guards->make_symbolic(plan);
+  }
+  // The captured graph as traced: a dynamic entry records it again at new sizes.
+  std::shared_ptr<GraphModule> generic;
+  if (!plan.empty()) generic = ir::copy_module(*traced.records.front().gm);
   auto insert = [&](std::unique_ptr<Segment> root, std::string eager_reason) {
     auto entry = std::make_shared<CompiledEntry>(std::move(guards), std::move(root), names, std::move(eager_reason));
     if (log_enabled(LogKind::Guards)) {
@@ -151,6 +236,12 @@ std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, 
     warn_once("backend", failure + "; running eagerly");
     insert(nullptr, failure);
     return traced.outputs;
+  }
+  if (!plan.empty()) {
+    auto shapes = std::make_shared<ShapeSpecializations>(std::move(plan), std::move(generic), backend_,
+                                                         options_.backend, name_, std::move(root->fn));
+    root->dynamic = shapes;
+    root->fn = [shapes](const std::vector<at::Tensor>& inputs) { return (*shapes)(inputs); };
   }
   insert(std::move(root), "");
   return traced.outputs;

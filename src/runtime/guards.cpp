@@ -1,4 +1,7 @@
 #include "runtime/guards.h"
+#include "runtime/dynamic.h"
+
+#include <limits>
 
 #include "hooks/hooks_internal.h"
 
@@ -272,6 +275,15 @@ std::string GuardSet::failure_reason(const CallArgs& args) const {
 
 // Without a reason (check()), a failing guard only returns false: the message arguments are
 // never evaluated and nothing allocates.
+void GuardSet::make_symbolic(const DynamicPlan& plan) {
+  for (const SymbolicDim& d : plan.dims) {
+    TORCH_INTERNAL_ASSERT(d.input < tensors_.size() && d.dim < tensors_[d.input].ndim && d.dim < 64);
+    tensors_[d.input].symbolic |= uint64_t{1} << d.dim;
+    const SizeSymbol& s = plan.symbols.at(d.symbol);
+    sym_dims_.push_back(SymDimGuard{d.input, d.dim, s.input, s.dim, s.min, s.max, s.name});
+  }
+}
+
 #define TC_GUARD_FAIL(...)                                       \
   do {                                                           \
     if constexpr (kWithReason) *reason = c10::str(__VA_ARGS__); \
@@ -354,10 +366,13 @@ bool GuardSet::evaluate(const CallArgs& args, std::string* reason) const {
       TC_GUARD_FAIL("tensor '", tensor_names_[i], "' dimensionality mismatch: expected ", ndim, ", got ", sizes.size());
     const int64_t* expected = dims_.data() + g.dims;
     for (size_t d = 0; d < ndim; ++d)
-      if (sizes[d] != expected[d])
+      if (sizes[d] != expected[d] && !(g.symbolic >> d & 1))
         TC_GUARD_FAIL("tensor '", tensor_names_[i], "' size mismatch at index ", d, ": expected ", expected[d],
                       ", got ", sizes[d]);
-    if (g.strided) {
+    if (g.symbolic != 0) {
+      if (!impl->is_contiguous())
+        TC_GUARD_FAIL("tensor '", tensor_names_[i], "' is not contiguous: a tensor with symbolic sizes must be");
+    } else if (g.strided) {
       const c10::IntArrayRef strides = impl->strides();
       expected += ndim;
       for (size_t d = 0; d < ndim; ++d)
@@ -365,6 +380,20 @@ bool GuardSet::evaluate(const CallArgs& args, std::string* reason) const {
           TC_GUARD_FAIL("tensor '", tensor_names_[i], "' stride mismatch at index ", d, ": expected ", expected[d],
                         ", got ", strides[d]);
     }
+  }
+
+  // 2b. Symbolic sizes: in range, and equal where they share a symbol.
+  for (const SymDimGuard& sg : sym_dims_) {
+    const int64_t size = inputs[sg.input].unsafeGetTensorImpl()->sizes()[sg.dim];
+    if (size < sg.min || size > sg.max)
+      TC_GUARD_FAIL("tensor '", tensor_names_[sg.input], "' size at index ", sg.dim, " (symbol ", sg.symbol,
+                    "): expected a size in ", size_range(sg.min, sg.max), ", got ", size);
+    if (sg.first_input == sg.input && sg.first_dim == sg.dim) continue;
+    const int64_t first = inputs[sg.first_input].unsafeGetTensorImpl()->sizes()[sg.first_dim];
+    if (size != first)
+      TC_GUARD_FAIL("tensor '", tensor_names_[sg.input], "' size at index ", sg.dim, " is symbol ", sg.symbol,
+                    ", equal to size ", sg.first_dim, " of '", tensor_names_[sg.first_input],
+                    "' when traced: expected ", first, ", got ", size);
   }
 
   // 3. Identity between inputs: the same tensors passed as the same arguments as when traced.
@@ -525,11 +554,39 @@ std::vector<std::string> GuardSet::describe() const {
       os << "undefined";
     } else {
       const int64_t* d = dims_.data() + g.dims;
-      os << c10::typeMetaToScalarType(g.dtype) << ", " << g.device << ", " << layout_of(g.keys) << ", sizes " << join(d, g.ndim);
-      if (g.strided) os << ", strides " << join(d + g.ndim, g.ndim);
+      os << c10::typeMetaToScalarType(g.dtype) << ", " << g.device << ", " << layout_of(g.keys) << ", sizes ";
+      if (g.symbolic == 0) {
+        os << join(d, g.ndim);
+      } else {
+        os << "[";
+        for (size_t k = 0; k < g.ndim; ++k) {
+          os << (k ? ", " : "");
+          if (g.symbolic >> k & 1) {
+            for (const SymDimGuard& sg : sym_dims_)
+              if (sg.input == i && sg.dim == k) os << sg.symbol;
+          } else {
+            os << d[k];
+          }
+        }
+        os << "]";
+      }
+      if (g.symbolic != 0) {
+        os << ", contiguous";
+      } else if (g.strided) {
+        os << ", strides " << join(d + g.ndim, g.ndim);
+      }
       os << ", requires_grad " << b(g.requires_grad);
     }
     out.push_back(os.str());
+  }
+  for (const SymDimGuard& sg : sym_dims_) {
+    std::string line = "symbol " + sg.symbol + ": size " + std::to_string(sg.dim) + " of '" + tensor_names_[sg.input] + "'";
+    if (sg.first_input == sg.input && sg.first_dim == sg.dim) {
+      line += " in " + size_range(sg.min, sg.max);
+    } else {
+      line += " equal to size " + std::to_string(sg.first_dim) + " of '" + tensor_names_[sg.first_input] + "'";
+    }
+    out.push_back(std::move(line));
   }
   for (size_t i = 0; i < identity_.size(); ++i) {
     if (identity_[i].input >= 0)

@@ -34,6 +34,8 @@
 
 namespace torchcompile::runtime {
 
+struct DynamicPlan;
+
 class GuardSet {
  public:
   /// Guards for a call with `args` to the compiled object whose root module is `root` (may
@@ -43,6 +45,11 @@ class GuardSet {
   /// parameters and buffers of every module under `root`.
   static std::unique_ptr<GuardSet> build(const CallArgs& args, const std::shared_ptr<torch::nn::Module>& root,
                                          std::vector<std::string> input_names);
+
+  /// Make the entry dynamic: the dimensions of `plan` accept any size in their symbol's range
+  /// (dimensions sharing a symbol must be equal), and their tensors must be contiguous instead
+  /// of having the traced strides.
+  void make_symbolic(const DynamicPlan& plan);
 
   /// Whether a call with `args` may use the entry. Allocation-free.
   bool check(const CallArgs& args) const;
@@ -75,6 +82,16 @@ class GuardSet {
     bool defined = false;
     bool requires_grad = false;
     bool strided = false;
+    uint64_t symbolic = 0;  // bit d: dimension d is a symbol (checked in sym_dims_); then the
+                            // tensor must be contiguous instead of having the traced strides
+  };
+  // A symbolic dimension of an input: its size is in [min, max] and, unless it is its symbol's
+  // first dimension, equal to the size of that first dimension.
+  struct SymDimGuard {
+    uint32_t input, dim;
+    uint32_t first_input, first_dim;
+    int64_t min, max;
+    std::string symbol;
   };
   // A registered parameter or buffer of one module. Sizes live in dims_ from `dims`.
   struct AttrGuard {
@@ -113,6 +130,7 @@ class GuardSet {
   c10::SmallVector<ArgItem, 8> items_;
   std::vector<TensorGuard> tensors_;
   std::vector<int64_t> dims_;
+  std::vector<SymDimGuard> sym_dims_;
   // What each input tensor was when traced: the same TensorImpl as an earlier input (`input`),
   // as a registered parameter or buffer (`attr`, into attrs_), or neither (both -1). The trace
   // resolves a tensor by identity, so a graph is only right for this pattern, in both directions.

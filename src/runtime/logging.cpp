@@ -13,8 +13,8 @@ std::atomic<uint32_t> log_mask{kLogsUnread};
 namespace {
 
 constexpr LogKind kAllKinds[] = {LogKind::Recompiles, LogKind::Guards, LogKind::Graph, LogKind::GraphBreaks,
-                                 LogKind::Passes};
-constexpr uint32_t kAllMask = 0x1Fu;
+                                 LogKind::Passes, LogKind::Dynamic};
+constexpr uint32_t kAllMask = 0x3Fu;
 
 std::mutex& env_mutex() {
   static std::mutex m;
@@ -52,6 +52,7 @@ const char* log_kind_name(LogKind kind) {
     case LogKind::Graph: return "graph";
     case LogKind::GraphBreaks: return "graph_breaks";
     case LogKind::Passes: return "passes";
+    case LogKind::Dynamic: return "dynamic";
   }
   return "?";
 }

@@ -186,7 +186,10 @@ struct OpaqueCall {
     CallBody inner = [this](const std::vector<at::Tensor>& ins, OutputSpec& s) {
       CallArgs ca;
       for (const at::Tensor& t : ins) ca.add(t);
-      ForwardFn forward = [&](OutputSpec& s2) { return body(ins, s2); };
+      ForwardFn forward = [&](OutputSpec& s2) {
+        const std::vector<at::Tensor>* substituted = take_substituted_inputs();
+        return body(substituted ? *substituted : ins, s2);
+      };
       return compiled->call(ca, forward, s);
     };
     return run_with_hooks(*module, inputs, inner, spec);

@@ -6,6 +6,7 @@
 #include <torchcompile/ir/printer.h>
 #include <torchcompile/logging.h>
 
+#include "capture/observed.h"
 #include "compile/pipeline.h"
 #include "runtime/guards.h"
 #include "runtime/trace_context.h"
@@ -25,19 +26,58 @@ void add_module_state(capture::Tracer& tracer, const torch::nn::Module* root) {
     tracer.add_attribute(b.key(), b.value(), ir::AttributeKind::Buffer);
 }
 
+// After a dynamic trace: results that are observed inputs become the inputs themselves, and
+// metadata the forward changed in place on an observed input (`unsqueeze_`, `resize_`) is
+// applied to the input (the trace then stays static).
+void restore_inputs(const ObservedInputs& observed, const CallArgs& args, TracedRun& t) {
+  for (at::Tensor& out : t.outputs)
+    for (size_t i = 0; i < observed.inputs.size(); ++i)
+      if (out.defined() && out.unsafeGetTensorImpl() == observed.inputs[i].unsafeGetTensorImpl() &&
+          out.unsafeGetTensorImpl() != args.tensors[i].unsafeGetTensorImpl())
+        out = args.tensors[i];
+  for (size_t i = 0; i < observed.inputs.size(); ++i) {
+    const at::Tensor &o = observed.inputs[i], &a = args.tensors[i];
+    if (!o.defined() || o.unsafeGetTensorImpl() == a.unsafeGetTensorImpl()) continue;
+    if (o.sizes() == a.sizes() && o.strides() == a.strides() && o.storage_offset() == a.storage_offset() &&
+        o.storage().is_alias_of(a.storage()))
+      continue;
+    c10::TensorImpl* impl = a.unsafeGetTensorImpl();
+    if (!o.storage().is_alias_of(a.storage())) impl->set_storage_keep_dtype(o.storage());
+    impl->set_sizes_and_strides(o.sizes(), o.strides());
+    impl->set_storage_offset(o.storage_offset());
+    if (t.unobserved.empty()) t.unobserved = "the forward changed the sizes or strides of input tensor " + std::to_string(i) + " in place";
+  }
+}
+
 }  // namespace
 
 TracedRun trace_forward(const CompiledFunction& fn, const GuardSet& guards, const CallArgs& args,
-                        const ForwardFn& forward, OutputSpec& spec, const std::vector<std::string>& names) {
+                        const ForwardFn& forward, OutputSpec& spec, const std::vector<std::string>& names,
+                        const ObservedInputs* observed) {
   TracedRun t;
   capture::Tracer tracer(fn.options().fullgraph);
-  for (size_t i = 0; i < args.tensors.size(); ++i) tracer.add_input(args.tensors[i], names.at(i));
+  const std::vector<at::Tensor>& inputs = observed ? observed->inputs : args.tensors;
+  for (size_t i = 0; i < inputs.size(); ++i) tracer.add_input(inputs[i], names.at(i));
   add_module_state(tracer, fn.root());
+  if (observed) tracer.observe_sizes(observed->reads);
   TraceContext context(fn.options(), fn.name(), fn.root());
   {
+    // Observed tensors become ordinary ones when the forward ends, however it ends.
+    struct EndObservation {
+      const ObservedInputs* o;
+      ~EndObservation() {
+        if (o) o->reads->finish();
+      }
+    } end_observation{observed};
+    SubstitutedInputs substituted(observed ? &observed->inputs : nullptr);
     TraceContext::Scope in_context(context);
     capture::Tracer::Activation active(tracer);
+    if (observed) observed->reads->start();
     t.outputs = forward(spec);
+  }
+  if (observed) {
+    t.unobserved = tracer.unobserved_reason();
+    restore_inputs(*observed, args, t);
   }
   for (const auto& n : context.modules()) guards.add_hook_module(n.module, n.version, n.path);
   // Undefined results (an empty state passed through) are not graph values: the spec puts

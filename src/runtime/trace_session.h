@@ -16,20 +16,30 @@ namespace torchcompile::runtime {
 
 class GuardSet;
 
+/// A dynamic trace: the forward receives observed tensors (capture/observed.h) instead of the
+/// call's inputs, and the size reads host code makes are counted in `reads`.
+struct ObservedInputs {
+  std::shared_ptr<capture::SizeReads> reads;
+  std::vector<at::Tensor> inputs;  // one per input tensor: observed, or the input itself
+};
+
 /// A trace of one run of the forward: its results, and its segments or why it failed.
 struct TracedRun {
   std::vector<at::Tensor> outputs;              // the call's flattened results
   std::vector<capture::SegmentRecord> records;  // empty if the trace failed
   std::vector<at::Tensor> slots;                // the slot tensors (example inputs)
   std::string failure;
+  std::string unobserved;  // a dynamic trace: why its size reads may be incomplete
 };
 
 /// Run `forward` under a new tracer for the compiled object `fn`: the tensors of `args` are the
 /// graph inputs (named `names`), the root module's parameters and buffers its attributes, and
 /// module calls see `fn`'s trace context. The modules whose hooks the run crossed are guarded in
 /// `guards`. Undefined results are not graph outputs: `spec.undefined` lists their positions.
+/// With `observed`, the forward runs on its observed tensors and their reads are counted.
 TracedRun trace_forward(const CompiledFunction& fn, const GuardSet& guards, const CallArgs& args,
-                        const ForwardFn& forward, OutputSpec& spec, const std::vector<std::string>& names);
+                        const ForwardFn& forward, OutputSpec& spec, const std::vector<std::string>& names,
+                        const ObservedInputs* observed = nullptr);
 
 /// Compile `traced.records[from...]` with `backend` (registered as `backend_name`; `name` names
 /// the compiled object in logs) into a chain: each segment the continuation of the one before

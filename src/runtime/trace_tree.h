@@ -23,6 +23,7 @@
 namespace torchcompile::runtime {
 
 struct BranchPoint;
+class ShapeSpecializations;
 
 /// A compiled graph segment of a trace tree.
 struct Segment {
@@ -35,6 +36,7 @@ struct Segment {
   ir::GraphKey key;                     // the captured graph's identity: identical continuations are shared
   std::unique_ptr<BranchPoint> branch;  // null: the outputs are the call's results
   OutputSpec spec;                      // of the results (a segment without branch)
+  std::shared_ptr<ShapeSpecializations> dynamic;  // a dynamic entry's graph: fn runs it
 
   size_t count_graphs() const;
   size_t count_breaks() const;

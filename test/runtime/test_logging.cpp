@@ -34,7 +34,7 @@ TEST_F(Logging, ParsesCommaListsAllAndPlusNames) {
             bits({LogKind::Recompiles, LogKind::Guards, LogKind::Graph, LogKind::GraphBreaks}));
   EXPECT_EQ(tcr::parse_log_spec(" graph , graph_breaks ,"), bits({LogKind::Graph, LogKind::GraphBreaks}));
   EXPECT_EQ(tcr::parse_log_spec("+guards"), bits({LogKind::Guards}));
-  EXPECT_EQ(tcr::parse_log_spec("all"), tcr::parse_log_spec("recompiles,guards,graph,graph_breaks,passes"));
+  EXPECT_EQ(tcr::parse_log_spec("all"), tcr::parse_log_spec("recompiles,guards,graph,graph_breaks,passes,dynamic"));
   EXPECT_EQ(tcr::parse_log_spec("+all"), tcr::parse_log_spec("all"));
   // "graph" is not a prefix match of "graph_breaks" and vice versa.
   EXPECT_EQ(tcr::parse_log_spec("graph"), bits({LogKind::Graph}));
@@ -44,7 +44,7 @@ TEST_F(Logging, UnknownNamesAreReportedAndIgnored) {
   std::vector<std::string> unknown;
   EXPECT_EQ(tcr::parse_log_spec("recompiles,dynamo,Guards", &unknown), bits({LogKind::Recompiles}));
   EXPECT_EQ(unknown, (std::vector<std::string>{"dynamo", "Guards"}));
-  EXPECT_EQ(tcr::valid_log_names(), "recompiles, guards, graph, graph_breaks, passes, all");
+  EXPECT_EQ(tcr::valid_log_names(), "recompiles, guards, graph, graph_breaks, passes, dynamic, all");
 }
 
 TEST_F(Logging, SetLogsOverridesAndResetRereadsTheEnvironment) {
@@ -84,7 +84,7 @@ TEST_F(Logging, UnknownNamesInTheEnvironmentWarnOnceListingValidNames) {
   const std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(err,
             "[torchcompile] warning: TORCHCOMPILE_LOGS: unknown log name 'bogus' ignored; valid names: recompiles, "
-            "guards, graph, graph_breaks, passes, all\n");
+            "guards, graph, graph_breaks, passes, dynamic, all\n");
 }
 
 TEST_F(Logging, LogWritesPrefixedBlocksToStderr) {

@@ -184,8 +184,9 @@ TEST(Recompile, InputsThatAreTheModulesOwnTensorsAreGuarded) {
 
 TEST(Recompile, CacheSizeLimitFallsBackToEager) {
   CompileCounter cc;
+  // Static shapes: each size is an entry (automatic dynamic would serve sizes >= 2 with one).
   auto fast = torch::compile([](torch::Tensor a) { return a + 1; },
-                             torchcompile::CompileOptions(cc.backend()).with_cache_size_limit(2));
+                             torchcompile::CompileOptions(cc.backend()).with_cache_size_limit(2).with_dynamic(false));
   for (int n = 1; n <= 5; ++n) {
     auto x = torch::randn({n});
     EXPECT_TRUE(tensors_close(x + 1, fast(x)));

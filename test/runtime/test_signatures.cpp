@@ -404,7 +404,7 @@ TEST(Signatures, MutableLambdaKeepsItsStateAcrossCalls) {
         seen = ++n;  // runs when the forward is traced (each new shape), as documented
         return x * 2;
       },
-      "eager");
+      torchcompile::CompileOptions("eager").with_dynamic(false));  // static: a trace per shape
   for (int size = 1; size <= 3; ++size) {
     for (int i = 0; i < 3; ++i) {
       auto x = torch::randn({size});

@@ -25,6 +25,8 @@
 
 namespace torchcompile::capture {
 
+class SizeReads;
+
 /// Where a tracer records. `AboveAutograd` (compat::kTracingKey) sees the forward's ops as the
 /// module calls them: the level-1 graph. `BelowAutograd` (compat::kBelowAutogradTracingKey, below
 /// Autograd and Functionalize) sees what reaches the kernels: composite ops decomposed, in-place
@@ -86,6 +88,14 @@ class Tracer {
   TraceLevel level() const { return level_; }
   /// Let `f` handle operators before they are recorded (record mode only).
   void set_interceptor(OpInterceptor f);
+
+  /// Observe size reads (src/capture/observed.h): the results of recorded ops that read an
+  /// observed tensor are observed in turn, and their candidate dimensions counted when host code
+  /// reads their sizes. Level AboveAutograd only, before activation.
+  void observe_sizes(std::shared_ptr<SizeReads> reads);
+  /// Why the trace's size reads may be incomplete (a result that could not be observed), or
+  /// empty.
+  const std::string& unobserved_reason() const;
 
   /// Whether recording stopped early, and why.
   bool failed() const { return failure_ != nullptr; }

@@ -107,18 +107,27 @@ class Compiled {
     // Runs the forward when the runtime needs it: to trace, to retrace a new branch, eagerly,
     // or twice in verify mode, so the arguments are passed as lvalues (never moved from).
     runtime::ForwardFn forward = [&](runtime::OutputSpec& s) {
+      using Skeleton = detail::storage_t<Tuple>;
+      // A dynamic trace passes observed tensors in place of the arguments' own.
+      const std::vector<at::Tensor>* substituted = runtime::take_substituted_inputs();
       const std::shared_ptr<torch::nn::Module>& root = state_->root_ptr();
       if (!root || runtime::hooks_run_outside(*root)) {
         std::vector<at::Tensor> out;
-        detail::OutputCodec<R>::flatten(std::apply(callable_, a), out, s);
+        if (substituted) {
+          Skeleton skeleton(a);
+          detail::rebuild_args(skeleton, *substituted);
+          detail::OutputCodec<R>::flatten(std::apply(callable_, skeleton), out, s);
+        } else {
+          detail::OutputCodec<R>::flatten(std::apply(callable_, a), out, s);
+        }
         return out;
       }
       // A module root goes through the call boundary: its traceable hooks are traced with it,
       // and its ops get their module paths. An opaque call_module node (a leaf root) keeps the
       // body, so a copyable callable is copied into it; a mutable or move-only one (never a
       // module root in practice) is referenced, keeping its one state.
-      using Skeleton = detail::storage_t<Tuple>;
       Skeleton skeleton(a);
+      if (substituted) detail::rebuild_args(skeleton, *substituted);
       std::vector<at::Tensor> inputs = detail::flatten_args(skeleton);
       runtime::CallBody body;
       if constexpr (std::is_copy_constructible_v<Callable> &&

@@ -25,6 +25,10 @@ std::string value_name(const Value& v);
 /// module path, output metadata and return counts.
 Node* copy_node(Graph& dst, const Node& n, const std::function<Value(const Value&)>& map);
 
+/// A copy of `gm`: the same nodes (names, metadata, module paths, user-function targets), the
+/// same attributes (sharing their tensors) and submodules.
+std::unique_ptr<GraphModule> copy_module(const GraphModule& gm);
+
 /// Groups of consecutive call_function nodes (in graph order) for which `supported` holds:
 /// a run of supported nodes ends at the first call_function or call_module node that is not
 /// supported (get_attr nodes between them do not end it). A run keeps the graph's order, so

@@ -4,6 +4,7 @@
 #include <torchcompile/backends/registry.h>
 
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -31,6 +32,13 @@ struct CompileOptions {
   /// differs beyond tolerance: catches forwards whose host logic the trace cannot see
   /// (README: Graph breaks, logs, explain, verify). Also switched on by TORCHCOMPILE_VERIFY=1. Slow: for debugging.
   bool verify = false;
+  /// Dynamic shapes (README: Dynamic shapes). Unset (the default): automatic — the first trace
+  /// is static, and a dimension whose size differs on a later call becomes a size symbol in the
+  /// next trace. `true`: every dimension of every input is a symbol from the first trace, except
+  /// sizes 0 and 1. `false`: always static (each new size is a new entry). A dimension the
+  /// forward's host code reads (`x.size(0)`) stays static either way, with the reason in
+  /// TORCHCOMPILE_LOGS=dynamic. torchcompile::mark_dynamic / mark_static mark single dimensions.
+  std::optional<bool> dynamic;
 
   CompileOptions() = default;
   CompileOptions(const char* name) : backend(name) {}
@@ -46,6 +54,7 @@ struct CompileOptions {
   CompileOptions& with_input_names(std::vector<std::string> names) { input_names = std::move(names); return *this; }
   CompileOptions& with_cache_size_limit(size_t n) { cache_size_limit = n; return *this; }
   CompileOptions& with_verify(bool on = true) { verify = on; return *this; }
+  CompileOptions& with_dynamic(bool on = true) { dynamic = on; return *this; }
 };
 
 }  // namespace torchcompile

@@ -65,6 +65,25 @@ struct BranchPoint;
 /// flattened outputs, recording the result's shape in the OutputSpec.
 using ForwardFn = std::function<std::vector<at::Tensor>(OutputSpec& spec)>;
 
+/// While a dynamic trace runs the forward, the tensors the frontend passes to it instead of the
+/// call's own (observed tensors, flattened as CallArgs::tensors); null otherwise. Taken once:
+/// the first forward to ask gets them, so a compiled object called from inside it does not.
+const std::vector<at::Tensor>* take_substituted_inputs();
+
+/// Sets the tensors take_substituted_inputs() returns on this thread, until destruction.
+class SubstitutedInputs {
+ public:
+  explicit SubstitutedInputs(const std::vector<at::Tensor>* inputs);
+  ~SubstitutedInputs();
+  SubstitutedInputs(const SubstitutedInputs&) = delete;
+  SubstitutedInputs& operator=(const SubstitutedInputs&) = delete;
+
+ private:
+  const std::vector<at::Tensor>* previous_;
+};
+
+struct SizeHistory;
+
 /// A cache entry: the guards under which it is valid and its trace tree: a compiled graph
 /// segment, and at each graph break the continuations keyed by the value the forward read.
 class CompiledEntry {
@@ -166,6 +185,7 @@ class CompiledFunction {
   std::string last_reason_;
   std::string evicted_reason_;  // why the last entries were dropped, until a new one is added
   std::vector<std::string> warned_;
+  std::unique_ptr<SizeHistory> size_history_;  // automatic dynamic (guarded by trace_mutex_)
   bool verify_ = false;
   std::string verify_failure_;
 };

@@ -1,0 +1,351 @@
+// Dynamic shapes (runtime/dynamic.h) and the dimension marks of torchcompile/dynamic.h.
+#include "runtime/dynamic.h"
+
+#include <torchcompile/capture/tracer.h>
+#include <torchcompile/dynamic.h>
+#include <torchcompile/logging.h>
+
+#include "compile/pipeline.h"
+
+#include <c10/core/WrapDimMinimal.h>
+#include <c10/util/Exception.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <algorithm>
+#include <map>
+#include <sstream>
+#include <unordered_map>
+
+namespace torchcompile {
+
+// ---- marks ------------------------------------------------------------------------------------
+
+namespace {
+
+struct Marks {
+  c10::weak_intrusive_ptr<c10::TensorImpl> tensor{c10::intrusive_ptr<c10::TensorImpl>()};
+  std::vector<detail::DimMark> dims;
+};
+
+std::mutex& marks_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+std::unordered_map<const c10::TensorImpl*, Marks>& marks_table() {
+  static auto* table = new std::unordered_map<const c10::TensorImpl*, Marks>();
+  return *table;
+}
+
+void set_mark(const at::Tensor& t, int64_t dim, detail::DimMark mark, const char* fn) {
+  TORCH_CHECK(t.defined(), "torchcompile::", fn, ": expected a defined tensor");
+  dim = c10::maybe_wrap_dim(dim, t.dim(), /*wrap_scalar=*/false);
+  std::lock_guard<std::mutex> lock(marks_mutex());
+  auto& table = marks_table();
+  // Forget tensors that are gone (their address may be reused).
+  for (auto it = table.begin(); it != table.end();) it = it->second.tensor.expired() ? table.erase(it) : std::next(it);
+  Marks& m = table[t.unsafeGetTensorImpl()];
+  m.tensor = c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr());
+  m.dims.resize(std::max<size_t>(m.dims.size(), static_cast<size_t>(t.dim())));
+  m.dims[dim] = mark;
+}
+
+}  // namespace
+
+void mark_dynamic(const at::Tensor& t, int64_t dim, std::optional<int64_t> min, std::optional<int64_t> max) {
+  detail::DimMark mark;
+  mark.kind = detail::DimMark::Dynamic;
+  if (min) mark.min = std::max<int64_t>(*min, 2);
+  if (max) mark.max = *max;
+  TORCH_CHECK(mark.min <= mark.max, "torchcompile::mark_dynamic: expected min <= max (sizes 0 and 1 are never ",
+              "symbolic, so min is at least 2), got min ", min.value_or(2), ", max ", mark.max);
+  set_mark(t, dim, mark, "mark_dynamic");
+}
+
+void mark_static(const at::Tensor& t, int64_t dim) {
+  detail::DimMark mark;
+  mark.kind = detail::DimMark::Static;
+  set_mark(t, dim, mark, "mark_static");
+}
+
+detail::DimMark detail::dim_mark(const at::Tensor& t, int64_t dim) {
+  if (!t.defined()) return {};
+  std::lock_guard<std::mutex> lock(marks_mutex());
+  auto& table = marks_table();
+  if (table.empty()) return {};
+  auto it = table.find(t.unsafeGetTensorImpl());
+  if (it == table.end() || it->second.tensor.lock().get() != t.unsafeGetTensorImpl()) return {};
+  if (dim < 0 || static_cast<size_t>(dim) >= it->second.dims.size()) return {};
+  return it->second.dims[dim];
+}
+
+namespace runtime {
+
+namespace {
+
+std::string dim_name(const std::vector<std::string>& names, uint32_t input, uint32_t dim) {
+  return "size " + std::to_string(dim) + " of '" + names.at(input) + "'";
+}
+
+}  // namespace
+
+std::string size_range(int64_t min, int64_t max) {
+  return "[" + std::to_string(min) + ", " +
+         (max == std::numeric_limits<int64_t>::max() ? std::string("inf)") : std::to_string(max) + "]");
+}
+
+// ---- the plan ---------------------------------------------------------------------------------
+
+int DynamicPlan::symbol_of(uint32_t input, uint32_t dim) const {
+  for (const SymbolicDim& d : dims)
+    if (d.input == input && d.dim == dim) return static_cast<int>(d.symbol);
+  return -1;
+}
+
+std::string DynamicPlan::input_str(size_t i, const at::Tensor& example) const {
+  std::ostringstream os;
+  os << c10::toString(example.scalar_type()) << "[";
+  for (int64_t d = 0; d < example.dim(); ++d) {
+    const int s = symbol_of(static_cast<uint32_t>(i), static_cast<uint32_t>(d));
+    os << (d ? ", " : "");
+    if (s >= 0) {
+      os << symbols[s].name;
+    } else {
+      os << example.size(d);
+    }
+  }
+  os << "]";
+  return os.str();
+}
+
+std::vector<std::string> DynamicPlan::describe() const {
+  std::vector<std::string> out;
+  for (size_t k = 0; k < symbols.size(); ++k) {
+    const SizeSymbol& s = symbols[k];
+    std::string line = s.name + " = " + dim_name(input_names, s.input, s.dim) + " (traced " +
+                       std::to_string(s.traced) + "), range " + size_range(s.min, s.max);
+    for (const SymbolicDim& d : dims)
+      if (d.symbol == k && !(d.input == s.input && d.dim == s.dim)) line += ", equal to " + dim_name(input_names, d.input, d.dim);
+    out.push_back(std::move(line));
+  }
+  return out;
+}
+
+// ---- candidates -------------------------------------------------------------------------------
+
+std::vector<Candidate> dynamic_candidates(const std::optional<bool>& dynamic, const CallArgs& args,
+                                          const std::vector<std::string>& names, SizeHistory& history,
+                                          const std::string& owner) {
+  const bool logging = log_enabled(LogKind::Dynamic);
+  auto say = [&](const std::string& msg) {
+    if (logging) runtime::log(LogKind::Dynamic, "torch::compile(" + owner + "): " + msg);
+  };
+  std::vector<Candidate> out;
+  const size_t n = args.tensors.size();
+  if (history.first.size() != n) {
+    history.first.assign(n, {});
+    history.changed.assign(n, {});
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const at::Tensor& t = args.tensors[i];
+    if (!t.defined() || t.layout() != c10::kStrided) continue;
+    const c10::IntArrayRef sizes = t.sizes();
+    std::vector<int64_t>& first = history.first[i];
+    std::vector<bool>& changed = history.changed[i];
+    if (first.size() != sizes.size()) {  // the first trace, or another rank: start over
+      first.assign(sizes.begin(), sizes.end());
+      changed.assign(sizes.size(), false);
+    }
+    for (size_t d = 0; d < sizes.size(); ++d) {
+      const std::string what = dim_name(names, static_cast<uint32_t>(i), static_cast<uint32_t>(d));
+      const bool newly_changed = !changed[d] && sizes[d] != first[d];
+      if (newly_changed) changed[d] = true;
+      const torchcompile::detail::DimMark mark = torchcompile::detail::dim_mark(t, static_cast<int64_t>(d));
+      if (mark.kind == torchcompile::detail::DimMark::Static) {
+        say(what + " is static: mark_static");
+        continue;
+      }
+      bool want = false;
+      std::string why;
+      if (dynamic == false) {
+        if (mark.kind == torchcompile::detail::DimMark::Dynamic) say(what + " is static: dynamic=false overrides mark_dynamic");
+      } else if (mark.kind == torchcompile::detail::DimMark::Dynamic) {
+        want = true, why = "mark_dynamic";
+      } else if (dynamic == true) {
+        want = true, why = "dynamic=true";
+      } else if (changed[d]) {
+        want = true, why = "automatic: it changed since the first trace (" + std::to_string(first[d]) + " then " +
+                           std::to_string(sizes[d]) + ")";
+      }
+      if (!want) continue;
+      if (sizes[d] < 2) {
+        say(what + " is static: size " + std::to_string(sizes[d]) + " is specialized (0 and 1 are never symbolic)");
+        continue;
+      }
+      if (sizes[d] < mark.min || sizes[d] > mark.max) {
+        say(what + " is static: " + std::to_string(sizes[d]) + " is outside mark_dynamic's range " +
+            size_range(mark.min, mark.max));
+        continue;
+      }
+      if (out.size() == 64) {
+        say(what + " is static: more than 64 candidate dimensions");
+        continue;
+      }
+      say(what + " may be a symbol (" + why + ")");
+      out.push_back(Candidate{static_cast<uint32_t>(i), static_cast<uint32_t>(d), mark.min, mark.max,
+                              mark.kind == torchcompile::detail::DimMark::Dynamic});
+    }
+  }
+  return out;
+}
+
+DynamicPlan plan_symbols(const std::vector<Candidate>& candidates, uint64_t read,
+                         const std::vector<std::string>& first_reads, const std::string& static_reason,
+                         const CallArgs& args, const std::vector<std::string>& names, const std::string& owner) {
+  DynamicPlan plan;
+  plan.input_names = names;
+  auto stays_static = [&](const Candidate& c, const std::string& why) {
+    const std::string what = dim_name(names, c.input, c.dim);
+    TORCHCOMPILE_LOG(LogKind::Dynamic, "torch::compile(", owner, "): ", what, " stays static: ", why);
+    if (c.marked)
+      TORCH_WARN("torch::compile(", owner, "): mark_dynamic: ", what, " stays static: ", why);
+  };
+  std::map<int64_t, uint32_t> symbol_of_size;
+  for (size_t k = 0; k < candidates.size(); ++k) {
+    const Candidate& c = candidates[k];
+    if (!static_reason.empty()) {
+      stays_static(c, static_reason);
+      continue;
+    }
+    if (read >> k & 1) {
+      const std::string& where = k < first_reads.size() ? first_reads[k] : std::string();
+      stays_static(c, "host code read it" + (where.empty() ? std::string() : " (" + where + ")") +
+                          "; the trace recorded integers computed from it");
+      continue;
+    }
+    const at::Tensor& t = args.tensors[c.input];
+    if (!t.is_contiguous()) {
+      stays_static(c, "the input is not contiguous (a symbolic input must be)");
+      continue;
+    }
+    const int64_t size = t.size(c.dim);
+    auto it = symbol_of_size.find(size);
+    uint32_t sym;
+    if (it == symbol_of_size.end()) {
+      sym = static_cast<uint32_t>(plan.symbols.size());
+      symbol_of_size.emplace(size, sym);
+      SizeSymbol s;
+      s.name = "s" + std::to_string(sym);
+      s.input = c.input, s.dim = c.dim, s.traced = size, s.min = c.min, s.max = c.max;
+      plan.symbols.push_back(s);
+    } else {
+      sym = it->second;
+      SizeSymbol& s = plan.symbols[sym];
+      s.min = std::max(s.min, c.min), s.max = std::min(s.max, c.max);
+    }
+    plan.dims.push_back(SymbolicDim{c.input, c.dim, sym});
+  }
+  if (log_enabled(LogKind::Dynamic))
+    for (const std::string& line : plan.describe()) runtime::log(LogKind::Dynamic, "torch::compile(" + owner + "): symbol " + line);
+  return plan;
+}
+
+// ---- specializations --------------------------------------------------------------------------
+
+ShapeSpecializations::ShapeSpecializations(DynamicPlan plan, std::shared_ptr<GraphModule> generic, Backend backend,
+                                           std::string backend_name, std::string owner, CompiledFn first)
+    : plan_(std::move(plan)),
+      generic_(std::move(generic)),
+      backend_(std::move(backend)),
+      backend_name_(std::move(backend_name)),
+      owner_(std::move(owner)) {
+  Key key;
+  for (const SizeSymbol& s : plan_.symbols) key.push_back(s.traced);
+  compiled_.push_back(Compiled{std::move(key), std::make_shared<const CompiledFn>(std::move(first))});
+}
+
+size_t ShapeSpecializations::num_specializations() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return compiled_.size();
+}
+
+ShapeSpecializations::Key ShapeSpecializations::key_of(const std::vector<at::Tensor>& inputs) const {
+  Key key;
+  for (const SizeSymbol& s : plan_.symbols) key.push_back(inputs[s.input].sizes()[s.dim]);
+  return key;
+}
+
+std::vector<at::Tensor> ShapeSpecializations::operator()(const std::vector<at::Tensor>& inputs) {
+  const Key key = key_of(inputs);
+  std::shared_ptr<const CompiledFn> fn;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (size_t i = 0; i < compiled_.size(); ++i) {
+      if (compiled_[i].key != key) continue;
+      if (i != 0) std::rotate(compiled_.begin(), compiled_.begin() + i, compiled_.begin() + i + 1);
+      fn = compiled_.front().fn;
+      break;
+    }
+  }
+  if (fn) return (*fn)(inputs);
+  std::lock_guard<std::mutex> one_at_a_time(specialize_mutex_);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const Compiled& c : compiled_)
+      if (c.key == key) fn = c.fn;
+  }
+  if (fn) return (*fn)(inputs);
+  return specialize(key, inputs);
+}
+
+std::vector<at::Tensor> ShapeSpecializations::specialize(const Key& key, const std::vector<at::Tensor>& inputs) {
+  std::string sizes;
+  for (size_t k = 0; k < key.size(); ++k) sizes += (k ? ", " : "") + plan_.symbols[k].name + "=" + std::to_string(key[k]);
+  // The graph recorded again at these sizes: the same ops with the same constants (the trace
+  // recorded none computed from the symbols), with metadata of these sizes.
+  capture::Tracer tracer;
+  const std::vector<ir::Node*> placeholders = generic_->graph().placeholders();
+  TORCH_INTERNAL_ASSERT(placeholders.size() == inputs.size(), "dynamic entry: ", placeholders.size(),
+                        " placeholders for ", inputs.size(), " inputs");
+  for (size_t i = 0; i < inputs.size(); ++i) tracer.add_input(inputs[i], placeholders[i]->target());
+  for (const auto& [name, attr] : generic_->attributes()) tracer.add_attribute(name, attr.first, attr.second);
+  std::vector<at::Tensor> outputs;
+  {
+    capture::Tracer::Activation active(tracer);
+    outputs = generic_->forward(inputs);
+  }
+  // Backends keep references into the graph module they compiled: it lives as long as fn.
+  std::shared_ptr<GraphModule> gm;
+  if (!tracer.failed()) gm = tracer.finish(outputs);
+  CompiledFn fn;
+  std::string how;
+  if (gm) {
+    try {
+      pipeline::CompiledGraph compiled = pipeline::compile_graph(*gm, inputs, backend_, backend_name_, owner_);
+      fn = [gm, compiled = std::move(compiled.fn)](const std::vector<at::Tensor>& in) { return compiled(in); };
+      how = "compiled by '" + backend_name_ + "'";
+    } catch (const std::exception& e) {
+      how = std::string("backend failed (") + e.what() + "); these sizes run the captured graph with the interpreter";
+    }
+  } else {
+    how = "could not record the graph again (" + (tracer.failed() ? tracer.failure()->reason : std::string("outputs")) +
+          "); these sizes run the captured graph with the interpreter";
+  }
+  if (!fn) {
+    std::shared_ptr<GraphModule> generic = generic_;
+    fn = [generic](const std::vector<at::Tensor>& in) { return generic->forward(in); };
+  }
+  size_t count;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    compiled_.insert(compiled_.begin(), Compiled{key, std::make_shared<const CompiledFn>(std::move(fn))});
+    if (compiled_.size() > kMaxSpecializations) compiled_.pop_back();
+    count = compiled_.size();
+  }
+  TORCHCOMPILE_LOG(LogKind::Dynamic, "torch::compile(", owner_, "): new sizes ", sizes, ": ", how, " (", count,
+                   " sizes compiled)");
+  return outputs;
+}
+
+}  // namespace runtime
+}  // namespace torchcompile

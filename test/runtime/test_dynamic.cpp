@@ -1,0 +1,341 @@
+// Dynamic shapes: one entry serves many sizes when the forward's host code does not read them,
+// and a dimension host code reads stays static — never a wrong result. Results are compared with
+// eager LibTorch at every size.
+#include "support/test_util.h"
+
+#include <torchcompile/backends/registry.h>
+#include <torchcompile/dynamic.h>
+#include <torchcompile/logging.h>
+
+#include "capture/observed.h"
+#include "runtime/guards.h"
+
+#include <random>
+
+using tc_test::CompileCounter;
+using tc_test::tensors_close;
+
+namespace {
+
+namespace tcr = torchcompile::runtime;
+
+struct Mlp : torch::nn::Module {  // M1's shape
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+  Mlp() {
+    fc1 = register_module("fc1", torch::nn::Linear(784, 256));
+    fc2 = register_module("fc2", torch::nn::Linear(256, 128));
+    fc3 = register_module("fc3", torch::nn::Linear(128, 10));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    return torch::log_softmax(fc3(torch::relu(fc2(torch::gelu(fc1(x))))), 1);
+  }
+};
+
+struct ConvNet : torch::nn::Module {  // M3's shape, any image size: conv-bn-relu, global pooling
+  torch::nn::Conv2d c1{nullptr}, c2{nullptr};
+  torch::nn::BatchNorm2d b1{nullptr}, b2{nullptr};
+  torch::nn::Linear fc{nullptr};
+  ConvNet() {
+    c1 = register_module("c1", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 16, 3).padding(1)));
+    b1 = register_module("b1", torch::nn::BatchNorm2d(16));
+    c2 = register_module("c2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1).stride(2)));
+    b2 = register_module("b2", torch::nn::BatchNorm2d(32));
+    fc = register_module("fc", torch::nn::Linear(32, 10));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::relu(b1(c1(x)));
+    x = torch::relu(b2(c2(x)));
+    x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
+    return fc(x);
+  }
+};
+
+// Reads sizes in host code: its integers depend on them.
+struct Reads : torch::nn::Module {
+  torch::nn::Linear fc{nullptr};
+  Reads() { fc = register_module("fc", torch::nn::Linear(32, 32)); }
+  torch::Tensor forward(torch::Tensor x) {
+    const int64_t B = x.size(0), T = x.size(1), H = 4, D = 8;
+    auto h = fc(x).view({B, T, H, D}).transpose(1, 2).reshape({B * H, T, D});
+    auto pos = torch::arange(T, x.options()).view({1, T, 1});
+    return (h + pos).view({x.size(0), -1});
+  }
+};
+
+// Branches on a size in host code.
+struct Branches : torch::nn::Module {
+  torch::Tensor forward(torch::Tensor x) { return x.size(0) > 8 ? torch::relu(x) * 2 : torch::sigmoid(x) - 1; }
+};
+
+int64_t random_size(std::mt19937& rng, int64_t lo, int64_t hi) {
+  return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+}
+
+// Calls `fast` and `eager` at `n` random sizes from `make_input`; every result must match.
+template <typename Fast, typename Eager, typename Make>
+void expect_matches_at_random_sizes(Fast& fast, Eager&& eager, Make&& make_input, int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  for (int k = 0; k < n; ++k) {
+    torch::Tensor x = make_input(rng);
+    torch::Tensor expected = eager(x);
+    torch::Tensor got = fast(x);
+    ASSERT_EQ(got.sizes(), expected.sizes()) << "input sizes " << x.sizes();
+    ASSERT_TRUE(tensors_close(got, expected, 1e-4, 1e-5)) << "input sizes " << x.sizes();
+  }
+}
+
+std::vector<std::string> backends_to_test() {
+  std::vector<std::string> out = {"eager", "aot_eager", "default"};
+  for (const char* b : {"onednn", "fused"})
+    if (torchcompile::has_backend(b)) out.push_back(b);
+  return out;
+}
+
+class DynamicBackends : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DynamicBackends, AutomaticDynamicMlpBatchCompilesTwice) {
+  torch::NoGradGuard no_grad;
+  auto net = std::make_shared<Mlp>();
+  net->eval();
+  auto fast = torch::compile(net, GetParam());
+  expect_matches_at_random_sizes(fast, [&](const torch::Tensor& x) { return net->forward(x); },
+                                 [](std::mt19937& rng) { return torch::randn({random_size(rng, 2, 64), 784}); }, 20, 1);
+  EXPECT_LE(fast.state().num_entries(), 2u);
+}
+
+TEST_P(DynamicBackends, DynamicTrueConvNetBatchAndImageSizeCompilesOnce) {
+  torch::NoGradGuard no_grad;
+  auto net = std::make_shared<ConvNet>();
+  net->eval();
+  auto fast = torch::compile(net, torchcompile::CompileOptions(GetParam()).with_dynamic(true));
+  expect_matches_at_random_sizes(fast, [&](const torch::Tensor& x) { return net->forward(x); },
+                                 [](std::mt19937& rng) {
+                                   const int64_t hw = random_size(rng, 8, 40);
+                                   return torch::randn({random_size(rng, 2, 16), 3, hw, hw});
+                                 },
+                                 20, 2);
+  EXPECT_EQ(fast.state().num_entries(), 1u);
+}
+
+TEST_P(DynamicBackends, MarkDynamicCompilesOnce) {
+  torch::NoGradGuard no_grad;
+  auto net = std::make_shared<Mlp>();
+  net->eval();
+  auto fast = torch::compile(net, GetParam());
+  auto first = torch::randn({8, 784});
+  torchcompile::mark_dynamic(first, 0);
+  EXPECT_TRUE(tensors_close(fast(first), net->forward(first), 1e-4, 1e-5));
+  expect_matches_at_random_sizes(fast, [&](const torch::Tensor& x) { return net->forward(x); },
+                                 [](std::mt19937& rng) { return torch::randn({random_size(rng, 2, 64), 784}); }, 20, 3);
+  EXPECT_EQ(fast.state().num_entries(), 1u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, DynamicBackends, ::testing::ValuesIn(backends_to_test()),
+                         [](const auto& info) { return info.param; });
+
+TEST(Dynamic, OneTraceServesEverySizeWithTheBackendCalledPerNewSize) {
+  torch::NoGradGuard no_grad;
+  CompileCounter cc;
+  auto fast = torch::compile([](torch::Tensor a, torch::Tensor b) { return (a * 2 + b).relu().sum(1); },
+                             torchcompile::CompileOptions(cc.backend()).with_dynamic(true));
+  for (int64_t n : {4, 7, 4, 9, 7}) {
+    auto a = torch::randn({n, 5}), b = torch::randn({n, 5});
+    EXPECT_TRUE(tensors_close(fast(a, b), (a * 2 + b).relu().sum(1)));
+  }
+  EXPECT_EQ(fast.state().num_entries(), 1u);
+  EXPECT_EQ(cc.frames(), 3);  // sizes 4, 7, 9: one static graph each, compiled lazily
+}
+
+TEST(Dynamic, HostSizeReadsStayStaticAndResultsMatch) {
+  torch::NoGradGuard no_grad;
+  auto net = std::make_shared<Reads>();
+  for (bool dyn : {false, true}) {
+    auto fast = torch::compile(net, torchcompile::CompileOptions("eager").with_dynamic(dyn).with_cache_size_limit(64));
+    expect_matches_at_random_sizes(fast, [&](const torch::Tensor& x) { return net->forward(x); },
+                                   [](std::mt19937& rng) {
+                                     return torch::randn({random_size(rng, 2, 6), random_size(rng, 2, 9), 32});
+                                   },
+                                   20, 4);
+  }
+}
+
+TEST(Dynamic, BranchOnSizeGivesEagersResultOnBothSides) {
+  torch::NoGradGuard no_grad;
+  auto net = std::make_shared<Branches>();
+  for (std::optional<bool> dyn : {std::optional<bool>(), std::optional<bool>(true)}) {
+    torchcompile::CompileOptions options("eager");
+    options.dynamic = dyn;
+    options.cache_size_limit = 64;
+    auto fast = torch::compile(net, options);
+    for (int64_t n : {4, 12, 5, 20, 8, 9, 2, 30}) {
+      auto x = torch::randn({n, 3});
+      EXPECT_TRUE(tensors_close(fast(x), net->forward(x))) << "size " << n;
+    }
+  }
+}
+
+TEST(Dynamic, SizesZeroAndOneAreSpecialized) {
+  torch::NoGradGuard no_grad;
+  CompileCounter cc;
+  auto fast = torch::compile([](torch::Tensor a) { return a.exp() + 1; },
+                             torchcompile::CompileOptions(cc.backend()).with_dynamic(true).with_input_names({"a"}));
+  auto one = torch::randn({1, 3});
+  EXPECT_TRUE(tensors_close(fast(one), one.exp() + 1));
+  auto five = torch::randn({5, 3});
+  EXPECT_TRUE(tensors_close(fast(five), five.exp() + 1));  // size 1 was static: a new entry
+  EXPECT_EQ(fast.state().num_entries(), 2u);
+  auto six = torch::randn({6, 3});
+  EXPECT_TRUE(tensors_close(fast(six), six.exp() + 1));  // the dynamic entry
+  EXPECT_EQ(fast.state().num_entries(), 2u);
+  auto empty = torch::randn({0, 3});
+  EXPECT_EQ(fast(empty).sizes(), empty.sizes());
+  EXPECT_EQ(fast.state().num_entries(), 3u);
+  EXPECT_THAT(fast.state().last_recompile_reason(),
+              ::testing::HasSubstr("tensor 'a' size at index 0 (symbol s0): expected a size in [2, inf), got 0"));
+}
+
+TEST(Dynamic, EqualDimensionsShareASymbolAndAreGuardedEqual) {
+  torch::NoGradGuard no_grad;
+  auto fast = torch::compile([](torch::Tensor a, torch::Tensor b) { return a.sum() + b.sum(); },
+                             torchcompile::CompileOptions("eager").with_dynamic(true).with_input_names({"a", "b"}));
+  fast(torch::randn({4, 3}), torch::randn({4, 5}));
+  ASSERT_EQ(fast.state().num_entries(), 1u);
+  const auto lines = fast.state().entries().front()->guards().describe();
+  EXPECT_THAT(lines, ::testing::Contains("symbol s0: size 0 of 'a' in [2, inf)"));
+  EXPECT_THAT(lines, ::testing::Contains("symbol s0: size 0 of 'b' equal to size 0 of 'a'"));
+  EXPECT_THAT(lines, ::testing::Contains("symbol s1: size 1 of 'a' in [2, inf)"));
+  auto a = torch::randn({7, 3}), b = torch::randn({7, 5});
+  EXPECT_TRUE(tensors_close(fast(a, b), a.sum() + b.sum()));
+  EXPECT_EQ(fast.state().num_entries(), 1u);
+  a = torch::randn({7, 3}), b = torch::randn({6, 5});
+  EXPECT_TRUE(tensors_close(fast(a, b), a.sum() + b.sum()));
+  EXPECT_EQ(fast.state().num_entries(), 2u);
+  EXPECT_EQ(fast.state().last_recompile_reason(),
+            "tensor 'b' size at index 0 is symbol s0, equal to size 0 of 'a' when traced: expected 7, got 6");
+}
+
+TEST(Dynamic, MarkDynamicRangeAndMarkStatic) {
+  torch::NoGradGuard no_grad;
+  auto fn = [](torch::Tensor a) { return a.cos() * 3; };
+  auto fast = torch::compile(fn, torchcompile::CompileOptions("eager").with_input_names({"a"}));
+  auto x = torch::randn({8, 4});
+  torchcompile::mark_dynamic(x, 0, 2, 16);
+  torchcompile::mark_static(x, 1);
+  fast(x);
+  auto y = torch::randn({16, 4});
+  EXPECT_TRUE(tensors_close(fast(y), fn(y)));
+  EXPECT_EQ(fast.state().num_entries(), 1u);
+  auto z = torch::randn({17, 4});
+  EXPECT_TRUE(tensors_close(fast(z), fn(z)));
+  EXPECT_EQ(fast.state().num_entries(), 2u);
+  EXPECT_THAT(fast.state().last_recompile_reason(),
+              ::testing::HasSubstr("tensor 'a' size at index 0 (symbol s0): expected a size in [2, 16], got 17"));
+  auto w = torch::randn({8, 5});  // dimension 1 is static
+  EXPECT_TRUE(tensors_close(fast(w), fn(w)));
+  EXPECT_EQ(fast.state().num_entries(), 3u);
+  EXPECT_THROW(torchcompile::mark_dynamic(x, 0, 10, 4), c10::Error);
+  EXPECT_THROW(torchcompile::mark_dynamic(x, 2), c10::Error);
+}
+
+TEST(Dynamic, AutogradRecordingKeepsSizesStaticWithAReason) {
+  auto net = std::make_shared<Mlp>();
+  tcr::set_logs("dynamic");
+  ::testing::internal::CaptureStderr();
+  auto fast = torch::compile(net, torchcompile::CompileOptions("eager").with_dynamic(true));
+  auto x = torch::randn({4, 784});
+  auto y = fast(x);
+  y.sum().backward();
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  tcr::set_logs("");
+  EXPECT_THAT(err, ::testing::HasSubstr("stays static: autograd is recording: parameter 'fc1.weight' requires grad"));
+  EXPECT_TRUE(net->fc1->weight.grad().defined());
+}
+
+TEST(Dynamic, LogsSayWhatBecameASymbolAndWhatStayedStatic) {
+  torch::NoGradGuard no_grad;
+  auto net = std::make_shared<Reads>();
+  tcr::set_logs("dynamic");
+  ::testing::internal::CaptureStderr();
+  auto fast = torch::compile(net, torchcompile::CompileOptions("eager").with_input_names({"x"}));
+  fast(torch::randn({2, 3, 32}));
+  fast(torch::randn({5, 3, 32}));
+  auto mlp = std::make_shared<Mlp>();
+  auto fast_mlp = torch::compile(mlp, torchcompile::CompileOptions("eager").with_input_names({"x"}));
+  fast_mlp(torch::randn({2, 784}));
+  fast_mlp(torch::randn({5, 784}));
+  fast_mlp(torch::randn({9, 784}));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  tcr::set_logs("");
+  EXPECT_THAT(err, ::testing::HasSubstr("size 0 of 'x' may be a symbol (automatic: it changed since the first trace "
+                                        "(2 then 5))"));
+  EXPECT_THAT(err, ::testing::HasSubstr("size 0 of 'x' stays static: host code read it (size(0) of input 'x')"));
+  EXPECT_THAT(err, ::testing::HasSubstr("symbol s0 = size 0 of 'x' (traced 5), range [2, inf)"));
+  EXPECT_THAT(err, ::testing::HasSubstr("new sizes s0=9: compiled by"));
+}
+
+TEST(Dynamic, ReadOfAnIntermediateSizeKeepsItsInputsDimensionsStatic) {
+  torch::NoGradGuard no_grad;
+  auto fn = [](torch::Tensor a) {
+    auto h = a * 2;
+    return h.view({h.size(0), -1}).sum(1);
+  };
+  CompileCounter cc;
+  auto fast = torch::compile(fn, torchcompile::CompileOptions(cc.backend()).with_dynamic(true));
+  for (int64_t n : {3, 4, 5}) {
+    auto a = torch::randn({n, 2, 3});
+    EXPECT_TRUE(tensors_close(fast(a), fn(a)));
+  }
+  EXPECT_EQ(fast.state().num_entries(), 3u);
+}
+
+TEST(Dynamic, InPlaceMetadataChangeOfAnInputIsEagers) {
+  torch::NoGradGuard no_grad;
+  auto fn = [](torch::Tensor a) {
+    a.unsqueeze_(0);
+    return a * 2;
+  };
+  auto fast = torch::compile(fn, torchcompile::CompileOptions("eager").with_dynamic(true));
+  for (int64_t n : {3, 4}) {
+    auto a = torch::randn({n, 2}), b = a.clone();
+    auto expected = fn(b);
+    auto got = fast(a);
+    EXPECT_TRUE(tensors_close(got, expected));
+    EXPECT_EQ(a.sizes(), b.sizes());
+  }
+}
+
+}  // namespace
+
+namespace {
+
+using torchcompile::capture::ObservedTensorImpl;
+
+TEST(Dynamic, ObservedTensorsCountHostReadsOnlyWhileObserving) {
+  auto reads = std::make_shared<torchcompile::capture::SizeReads>();
+  auto a = torch::randn({4, 5, 6});
+  auto o = ObservedTensorImpl::make(a, reads, {1, 2, 0}, "input 'a'");
+  EXPECT_EQ(o.sizes(), a.sizes());  // before start(): not counted
+  EXPECT_EQ(reads->read(), 0u);
+  reads->start();
+  EXPECT_EQ(o.size(-2), 5);  // one dimension
+  EXPECT_EQ(reads->read(), 2u);
+  EXPECT_EQ(o.dim(), 3);  // the rank is not a size read
+  EXPECT_TRUE(o.is_contiguous());
+  EXPECT_EQ(reads->read(), 2u);
+  EXPECT_EQ(o.numel(), 120);  // all dimensions
+  EXPECT_EQ(reads->read(), 3u);
+  EXPECT_EQ(reads->first_reads()[1], "size(1) of input 'a'");
+  EXPECT_EQ(reads->first_reads()[0], "numel() of input 'a'");
+  EXPECT_THROW(o.size(3), c10::Error);
+  ObservedTensorImpl::of(o)->set_observing(false);  // while an op runs on it
+  EXPECT_TRUE(tensors_close(o * 2, a * 2));
+  EXPECT_EQ(o.data_ptr(), a.data_ptr());
+  auto detached = o.detach();
+  EXPECT_EQ(ObservedTensorImpl::of(detached), nullptr);
+  reads->finish();
+  EXPECT_FALSE(reads->active());
+  o.resize_({2, 3});  // an ordinary tensor again
+  EXPECT_EQ(o.numel(), 6);
+}
+
+}  // namespace
