@@ -10,7 +10,9 @@
 #include "capture/observed.h"
 #include "runtime/guards.h"
 
+#include <cstdlib>
 #include <random>
+#include <sstream>
 
 using tc_test::CompileCounter;
 using tc_test::tensors_close;
@@ -336,6 +338,139 @@ TEST(Dynamic, ObservedTensorsCountHostReadsOnlyWhileObserving) {
   EXPECT_FALSE(reads->active());
   o.resize_({2, 3});  // an ordinary tensor again
   EXPECT_EQ(o.numel(), 6);
+}
+
+}  // namespace
+
+// ---- a randomized differential test ----------------------------------------------------------
+//
+// Random forwards over a batch-sized input x [B, 6]: pointwise ops, reductions broadcast back,
+// matmuls, softmax, views with constant sizes, cat/narrow, transposes, in-place updates (of the
+// input too), and — in some programs — host code that reads a size (as an integer argument, or
+// in a branch) or branches on data. Each program is compiled with automatic and with
+// `dynamic = true` under several backends and called at random batch sizes (1 included) next to
+// eager: every output and the input after the call must match. Sizes the host code reads must
+// stay static, so those programs may recompile, but never return a wrong result.
+//
+//   TORCHCOMPILE_DYNAMIC_FUZZ_PROGRAMS  programs (default 40); TORCHCOMPILE_DYNAMIC_FUZZ_SEED first seed
+namespace {
+
+constexpr int64_t kF = 6;
+
+struct DynInstr {
+  int kind, d, a, b, k;
+};
+
+struct DynProgram {
+  std::vector<DynInstr> code;
+  int out1 = 0, out2 = 1;
+  std::string text;
+};
+
+constexpr int kDynKinds = 14;
+
+DynProgram random_dyn_program(uint32_t seed) {
+  std::mt19937 rng(seed);
+  auto pick = [&](int n) { return std::uniform_int_distribution<int>(0, n - 1)(rng); };
+  DynProgram p;
+  const int n = 4 + pick(10);
+  std::ostringstream os;
+  for (int i = 0; i < n; ++i) {
+    DynInstr in{pick(kDynKinds), pick(4), pick(4), pick(4), pick(4)};
+    if (in.kind >= 12 && pick(3) != 0) in.kind = pick(12);  // size reads and breaks: rarer
+    os << in.kind << ":" << in.d << in.a << in.b << in.k << " ";
+    p.code.push_back(in);
+  }
+  p.out1 = pick(4), p.out2 = pick(4);
+  p.text = os.str();
+  return p;
+}
+
+struct DynModule : torch::nn::Module {
+  DynProgram prog;
+  torch::Tensor w, bias;
+  explicit DynModule(DynProgram p) : prog(std::move(p)) {
+    w = register_parameter("w", torch::randn({kF, kF}) * 0.3);
+    bias = register_buffer("bias", torch::randn({kF}));
+  }
+  std::vector<torch::Tensor> forward(torch::Tensor x) {
+    torch::Tensor r[4] = {x * 1, x.sigmoid(), x - 0.5, x.tanh()};
+    for (const DynInstr& in : prog.code) {
+      torch::Tensor &d = r[in.d], &a = r[in.a], &b = r[in.b];
+      switch (in.kind) {
+        case 0: d = in.k % 2 ? a.relu() : torch::gelu(a); break;
+        case 1: d = in.k % 2 ? a + b * 0.5 : a * b; break;
+        case 2: d = a - a.sum(1, /*keepdim=*/true) / kF; break;                 // [B, 1] broadcast
+        case 3: d = a + a.mean(0, /*keepdim=*/true); break;                     // [1, F] broadcast
+        case 4: d = torch::matmul(a, w) + bias; break;
+        case 5: d = torch::softmax(a, 1); break;
+        case 6: d = a.reshape({-1}).view({-1, kF}) * 2; break;                  // constant sizes
+        case 7: d = torch::cat({a, b}, 1).narrow(1, in.k % 3, kF); break;
+        case 8: d = a.t().contiguous().t() + 1; break;
+        case 9: d = a.narrow(0, 0, 1).expand_as(b) + b; break;                  // size 1, expanded
+        case 10: in.k == 0 ? x.add_(0.25) : d.mul_(0.5); break;                  // in place (the input too)
+        case 11: d = a.unsqueeze(0).squeeze(0).flip({0}); break;
+        case 12:  // host code reads a size: an integer argument, or a branch
+          if (in.k % 2) {
+            d = a.reshape({a.size(0), 2, kF / 2}).sum(2).repeat({1, 3});
+          } else {
+            d = a.size(0) > 5 ? a.exp().clamp_max(5) : a.cos();
+          }
+          break;
+        case 13: d = a.sum().item<float>() > 0 ? a * 2 : a * -1; break;        // a data-dependent break
+      }
+    }
+    return {r[prog.out1], r[prog.out2] + 0};
+  }
+};
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : fallback;
+}
+
+TEST(DynamicFuzz, RandomProgramsAtRandomSizesMatchEager) {
+  torch::NoGradGuard no_grad;
+  const int programs = env_int("TORCHCOMPILE_DYNAMIC_FUZZ_PROGRAMS", 40);
+  const uint32_t first = static_cast<uint32_t>(env_int("TORCHCOMPILE_DYNAMIC_FUZZ_SEED", 1));
+  const std::vector<std::string> backends = {"eager", "aot_eager", "default"};
+  int one_entry = 0;  // programs whose dynamic=true run needed a single entry for sizes >= 2
+  for (int k = 0; k < programs; ++k) {
+    const uint32_t seed = first + k;
+    const DynProgram prog = random_dyn_program(seed);
+    const std::string& backend = backends[k % backends.size()];
+    for (std::optional<bool> dyn : {std::optional<bool>(), std::optional<bool>(true)}) {
+      torch::manual_seed(seed);
+      auto compiled_module = std::make_shared<DynModule>(prog);
+      auto eager_module = std::make_shared<DynModule>(prog);
+      eager_module->w.copy_(compiled_module->w);
+      eager_module->bias.copy_(compiled_module->bias);
+      torchcompile::CompileOptions options(backend);
+      options.dynamic = dyn;
+      options.cache_size_limit = 64;
+      auto fast = torch::compile(compiled_module, options);
+      std::mt19937 rng(seed * 7 + 1);
+      for (int call = 0; call < 8; ++call) {
+        const int64_t b = call == 5 ? 1 : random_size(rng, 2, 12);
+        torch::Tensor x = torch::randn({b, kF});
+        torch::Tensor x_eager = x.clone();
+        auto expected = eager_module->forward(x_eager);
+        auto got = fast(x);
+        const std::string where = "seed " + std::to_string(seed) + ", backend " + backend + ", dynamic " +
+                                  (dyn ? "true" : "automatic") + ", call " + std::to_string(call) + ", batch " +
+                                  std::to_string(b) + ", program " + prog.text;
+        ASSERT_EQ(got.size(), expected.size()) << where;
+        for (size_t i = 0; i < got.size(); ++i) {
+          ASSERT_EQ(got[i].sizes(), expected[i].sizes()) << where;
+          ASSERT_TRUE(tensors_close(expected[i], got[i], 1e-4, 1e-5)) << "output " << i << ", " << where;
+        }
+        ASSERT_TRUE(tensors_close(x_eager, x, 1e-4, 1e-5)) << "input after the call, " << where;
+      }
+      if (dyn && fast.state().num_entries() <= 2) ++one_entry;  // the batch-1 call has its own
+    }
+  }
+  // Most programs read no size: the dynamic path must have served them.
+  EXPECT_GE(one_entry * 2, programs) << one_entry << " of " << programs << " programs ran dynamically";
 }
 
 }  // namespace
