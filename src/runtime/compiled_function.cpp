@@ -57,6 +57,14 @@ const std::string& CompiledEntry::eager_reason() const {
   return eager_reason_.empty() && runs_eagerly() ? kBranchLimit : eager_reason_;
 }
 
+std::vector<std::string> CompiledEntry::size_symbols() const {
+  return root_ && root_->dynamic ? root_->dynamic->plan().describe() : std::vector<std::string>{};
+}
+
+size_t CompiledEntry::num_specializations() const {
+  return root_ && root_->dynamic ? root_->dynamic->num_specializations() : 0;
+}
+
 // ---- the compiled object ------------------------------------------------------------------------
 
 CompiledFunction::CompiledFunction(CompileOptions options, std::shared_ptr<torch::nn::Module> root, std::string name)

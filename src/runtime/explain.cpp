@@ -21,6 +21,10 @@ std::string ExplainOutput::str() const {
     os << "  Ops per Graph " << i + 1 << ":\n";
     for (const auto& op : ops_per_graph[i]) os << "    " << op << "\n";
   }
+  if (!size_symbols.empty()) {
+    os << "Dynamic Shapes (" << sizes_compiled << " sizes compiled):\n";
+    for (const auto& s : size_symbols) os << "  " << s << "\n";
+  }
   os << "Out Guards:\n";
   for (size_t i = 0; i < guards.size(); ++i) os << "  Guard " << i + 1 << ": " << guards[i] << "\n";
   if (!compiled.empty()) os << "Compiled Graphs:\n";
@@ -53,6 +57,8 @@ ExplainOutput explain_entry(const CompiledEntry& entry) {
       [&](const std::string& op, const std::string& value) {
         out.break_reasons.push_back("data-dependent host read " + op + " (returned " + value + " when traced)");
       });
+  out.size_symbols = entry.size_symbols();
+  out.sizes_compiled = entry.num_specializations();
   out.graph_count = out.ops_per_graph.size();
   out.graph_break_count = out.break_reasons.size();
   if (!entry.runs_eagerly() || entry.eager_reason() != "cache size limit reached") out.guards = entry.guards().describe();

@@ -275,6 +275,19 @@ TEST(Dynamic, LogsSayWhatBecameASymbolAndWhatStayedStatic) {
   EXPECT_THAT(err, ::testing::HasSubstr("new sizes s0=9: compiled by"));
 }
 
+TEST(Dynamic, ExplainShowsTheSymbolsAndTheirGuards) {
+  torch::NoGradGuard no_grad;
+  auto net = std::make_shared<Mlp>();
+  auto x = torch::randn({8, 784});
+  torchcompile::mark_dynamic(x, 0);
+  const auto e = torchcompile::explain(torchcompile::CompileOptions("eager").with_input_names({"x"}), net, x);
+  EXPECT_EQ(e.size_symbols, std::vector<std::string>{"s0 = size 0 of 'x' (traced 8), range [2, inf)"});
+  EXPECT_THAT(e.guards, ::testing::Contains("tensor 'x': Float, cpu, Strided, sizes [s0, 784], contiguous, "
+                                            "requires_grad false"));
+  EXPECT_THAT(e.guards, ::testing::Contains("symbol s0: size 0 of 'x' in [2, inf)"));
+  EXPECT_THAT(e.str(), ::testing::HasSubstr("Dynamic Shapes (1 sizes compiled):\n  s0 = size 0 of 'x'"));
+}
+
 TEST(Dynamic, ReadOfAnIntermediateSizeKeepsItsInputsDimensionsStatic) {
   torch::NoGradGuard no_grad;
   auto fn = [](torch::Tensor a) {

@@ -103,6 +103,11 @@ class CompiledEntry {
   size_t num_graphs() const;
   /// Graph breaks (branch points) in the trace tree.
   size_t num_breaks() const;
+  /// A dynamic entry: one line per size symbol (`s0 = size 0 of 'x' (traced 8), range [2,
+  /// inf)`); empty for a static entry.
+  std::vector<std::string> size_symbols() const;
+  /// A dynamic entry: the combinations of symbol values compiled so far (0 for a static entry).
+  size_t num_specializations() const;
   /// Visit the tree depth first: each graph with its compile report, and each break (its host
   /// read and first value).
   void visit(const std::function<void(const GraphModule& graph, const CompileReport& report)>& on_graph,

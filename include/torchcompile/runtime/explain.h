@@ -20,6 +20,8 @@ struct ExplainOutput {
   std::vector<std::string> graphs;                  ///< each graph in the text format
   std::vector<CompileReport> compiled;              ///< per graph: backend, partition, declines, steps
   std::string eager_reason;                         ///< set if the call could not be compiled
+  std::vector<std::string> size_symbols;            ///< a dynamic entry's symbols (README: Dynamic shapes)
+  size_t sizes_compiled = 0;                        ///< a dynamic entry: sizes compiled so far
 
   /// The report, laid out as torch._dynamo.explain prints it, then which backend compiled each
   /// graph (its parts and every decline).
