@@ -160,7 +160,7 @@ struct Instance {
   std::vector<torch::Tensor> params;  ///< training rows: gradients reset and checked
   Runner eager;
   /// A fresh torch::compile of the model with `backend` (nothing is called yet).
-  std::function<Runner(const std::string& backend)> compile;
+  std::function<Runner(const std::string& backend, bool dynamic)> compile;
 };
 
 template <typename C>
@@ -205,8 +205,8 @@ Instance module_instance(std::shared_ptr<M> m, bool training, In... inputs) {
     eager = as_step(inst.params, eager);
   }
   inst.eager.call = eager;
-  inst.compile = [m, training, params = inst.params, inputs...](const std::string& backend) {
-    auto c = torch::compile(m, torchcompile::CompileOptions(backend));
+  inst.compile = [m, training, params = inst.params, inputs...](const std::string& backend, bool dynamic) {
+    auto c = torch::compile(m, torchcompile::CompileOptions(backend).with_dynamic(dynamic));
     std::function<torch::Tensor()> call = [c, inputs...]() mutable { return c(inputs...); };
     if (training) call = as_step(params, call);
     return Runner{call, info_of(c)};
@@ -219,8 +219,8 @@ template <typename F, typename... In>
 Instance function_instance(F fn, In... inputs) {
   Instance inst;
   inst.eager.call = [fn, inputs...]() { return fn(inputs...); };
-  inst.compile = [fn, inputs...](const std::string& backend) {
-    auto c = torch::compile(fn, torchcompile::CompileOptions(backend));
+  inst.compile = [fn, inputs...](const std::string& backend, bool dynamic) {
+    auto c = torch::compile(fn, torchcompile::CompileOptions(backend).with_dynamic(dynamic));
     return Runner{[c, inputs...]() mutable { return c(inputs...); }, info_of(c)};
   };
   return inst;
@@ -296,6 +296,7 @@ struct Mode {
   std::string name;
   std::string backend;  ///< empty for eager
   bool training_only;
+  bool dynamic = false;  ///< CompileOptions::dynamic = true (else false: static)
 };
 
 const std::vector<Mode>& modes() {
@@ -303,6 +304,8 @@ const std::vector<Mode>& modes() {
       {"eager", "", false},           {"eager-backend", "eager", false}, {"torchscript", "torchscript", false},
       {"onednn", "onednn", false},    {"fused", "fused", false},         {"default", "default", false},
       {"aot_eager", "aot_eager", true},
+      // Dynamic shapes, called at the traced size: what a dynamic entry costs per call.
+      {"eager-backend dyn", "eager", false, true}, {"default dyn", "default", false, true},
   };
   return ms;
 }
@@ -379,7 +382,7 @@ Prepared prepare(size_t row, const Mode& mode) {
       p.runner = inst.eager;
       return p;
     }
-    p.runner = inst.compile(mode.backend);
+    p.runner = inst.compile(mode.backend, mode.dynamic);
     for (const char* which : {"first call", "second call"}) {
       torch::Tensor got = p.runner.call();
       std::string m = compare(got, want, std::string(which) + (inst.training ? " loss" : " output"));
@@ -765,6 +768,24 @@ std::string backends_list() {
   return s;
 }
 
+// Dynamic vs static entries of the same backend, same run. A dimension host code reads stays
+// static (M4's attention reads its sizes), and a training step records autograd: then both are
+// the same static entry.
+std::string dynamic_table(const Results& res) {
+  std::ostringstream os;
+  os << "| id | eager-backend static | dyn | dyn / static | default static | dyn | dyn / static |\n"
+        "|---|---:|---:|---:|---:|---:|---:|\n";
+  for (size_t r = 0; r < rows().size(); ++r) {
+    os << "| " << rows()[r].id;
+    for (const char* base : {"eager-backend", "default"}) {
+      const double st = cell_ms(res, r, mode_index(base)), dy = cell_ms(res, r, mode_index(std::string(base) + " dyn"));
+      os << " | " << ms(st) << " | " << ms(dy) << " | " << (std::isnan(dy / st) ? "?" : fmt("%.3f", dy / st));
+    }
+    os << " |\n";
+  }
+  return os.str();
+}
+
 std::string report(Results& res) {
   res.notes.clear();
   std::ostringstream os;
@@ -790,6 +811,8 @@ std::string report(Results& res) {
     for (const char* mode : {"fused", "default"}) os << ", `" << mode << "` " << ms(cell_ms(res, m8, mode_index(mode)) * 1e3) << " µs";
     os << ".\n";
   }
+  os << "\n## Dynamic shapes: a dynamic entry (`dynamic = true`) vs a static one, per call at the traced size\n\n"
+     << dynamic_table(res);
   if (res.first_call_reps > 0) {
     os << "\n## First call, ms (trace + backend compile + one run; median of " << res.first_call_reps
        << " fresh compiles in a warm process)\n\n";
@@ -846,7 +869,7 @@ void measure_first_calls(Results& res) {
     std::vector<double> times;
     try {
       for (int i = 0; i < res.first_call_reps; ++i) {
-        Runner fresh = inst.compile(mode.backend);
+        Runner fresh = inst.compile(mode.backend, mode.dynamic);
         times.push_back(time_call_s(fresh.call) * 1e3);
         cell.first_info = fresh.info();
       }
