@@ -3,6 +3,9 @@
 //   BM_GuardCheck/N            N input tensors of shape (8, 16), no module (a compiled
 //                              function): arguments, per-tensor metadata, global state.
 //   BM_GuardCheck4D/N          the same with 4-d inputs (1, 3, 32, 32).
+//   BM_GuardCheckDynamic/N     BM_GuardCheck's inputs with size 0 a symbol shared by all of
+//                              them (a dynamic entry: range and equality checks, contiguity
+//                              instead of strides), called at another batch size.
 //   BM_GuardCheckModule        one (8, 32) input and a module with 10 Linear submodules (20
 //                              parameters): adds training flags, submodule identity and each
 //                              parameter's identity, dtype, device, requires_grad and sizes.
@@ -14,6 +17,7 @@
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
 
+#include "runtime/dynamic.h"
 #include "runtime/guards.h"
 
 #include <memory>
@@ -23,6 +27,7 @@
 namespace {
 
 using torchcompile::runtime::CallArgs;
+using torchcompile::runtime::DynamicPlan;
 using torchcompile::runtime::GuardSet;
 
 CallArgs make_args(int n, std::vector<int64_t> shape) {
@@ -56,6 +61,20 @@ void BM_GuardCheck(benchmark::State& state) {
   run_checks(state, *guards, call);
 }
 BENCHMARK(BM_GuardCheck)->Arg(1)->Arg(4)->Arg(16);
+
+void BM_GuardCheckDynamic(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  auto guards = GuardSet::build(make_args(n, {8, 16}), nullptr, names(n));
+  DynamicPlan plan;
+  plan.input_names = names(n);
+  torchcompile::runtime::SizeSymbol s0;
+  s0.name = "s0", s0.traced = 8;
+  plan.symbols.push_back(s0);
+  for (int i = 0; i < n; ++i) plan.dims.push_back({static_cast<uint32_t>(i), 0, 0});
+  guards->make_symbolic(plan);
+  run_checks(state, *guards, make_args(n, {5, 16}));  // another batch size: a hit
+}
+BENCHMARK(BM_GuardCheckDynamic)->Arg(1)->Arg(4)->Arg(16);
 
 void BM_GuardCheck4D(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));

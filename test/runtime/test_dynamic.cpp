@@ -11,7 +11,9 @@
 #include "runtime/guards.h"
 
 #include <cstdlib>
+#include <atomic>
 #include <random>
+#include <thread>
 #include <sstream>
 
 using tc_test::CompileCounter;
@@ -286,6 +288,32 @@ TEST(Dynamic, ExplainShowsTheSymbolsAndTheirGuards) {
                                             "requires_grad false"));
   EXPECT_THAT(e.guards, ::testing::Contains("symbol s0: size 0 of 'x' in [2, inf)"));
   EXPECT_THAT(e.str(), ::testing::HasSubstr("Dynamic Shapes (1 sizes compiled):\n  s0 = size 0 of 'x'"));
+}
+
+TEST(Dynamic, ConcurrentCallsAtDifferentSizesShareOneEntry) {
+  auto net = std::make_shared<Mlp>();
+  net->eval();
+  auto fast = torch::compile(net, torchcompile::CompileOptions("default").with_dynamic(true));
+  {
+    torch::NoGradGuard no_grad;
+    fast(torch::randn({4, 784}));
+  }
+  std::vector<std::thread> threads;
+  std::atomic<int> mismatches{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      torch::NoGradGuard no_grad;
+      std::mt19937 rng(100 + t);
+      for (int i = 0; i < 12; ++i) {
+        auto x = torch::randn({random_size(rng, 2, 9), 784});
+        if (!tensors_close(net->forward(x), fast(x), 1e-4, 1e-5)) ++mismatches;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches.load(), 0);
+  EXPECT_EQ(fast.state().num_entries(), 1u);
+  EXPECT_LE(fast.state().entries().front()->num_specializations(), 8u);  // sizes 2..9
 }
 
 TEST(Dynamic, ReadOfAnIntermediateSizeKeepsItsInputsDimensionsStatic) {
