@@ -316,6 +316,28 @@ TEST(Dynamic, ConcurrentCallsAtDifferentSizesShareOneEntry) {
   EXPECT_LE(fast.state().entries().front()->num_specializations(), 8u);  // sizes 2..9
 }
 
+// LibTorch's attention and LSTM read their input sizes in host code: every dimension they read
+// stays static (an entry per size), and every size gives eager's result.
+TEST(Dynamic, EncoderLayerAndLstmReadTheirSizesStayStaticAndMatchEager) {
+  torch::NoGradGuard no_grad;
+  torch::nn::TransformerEncoderLayer enc(torch::nn::TransformerEncoderLayerOptions(32, 4).dim_feedforward(64).dropout(0.0));
+  torch::nn::LSTM lstm(torch::nn::LSTMOptions(16, 24).num_layers(2));
+  enc->eval();
+  lstm->eval();
+  auto fast_enc = torch::compile(enc, torchcompile::CompileOptions("default").with_dynamic(true).with_cache_size_limit(32));
+  auto lstm_out = [&](torch::Tensor x) { return std::get<0>(lstm->forward(x)); };
+  auto fast_lstm = torch::compile(lstm_out, torchcompile::CompileOptions("default").with_cache_size_limit(32));
+  std::mt19937 rng(7);
+  for (int k = 0; k < 10; ++k) {
+    auto x = torch::randn({random_size(rng, 2, 12), random_size(rng, 2, 5), 32});
+    ASSERT_TRUE(tensors_close(enc->forward(x), fast_enc(x), 1e-4, 1e-5)) << x.sizes();
+    auto s = torch::randn({random_size(rng, 2, 12), 3, 16});
+    ASSERT_TRUE(tensors_close(lstm_out(s), fast_lstm(s), 1e-4, 1e-5)) << s.sizes();
+  }
+  EXPECT_GT(fast_enc.state().num_entries(), 2u);
+  EXPECT_EQ(fast_enc.state().entries().front()->size_symbols().size(), 0u);
+}
+
 TEST(Dynamic, ReadOfAnIntermediateSizeKeepsItsInputsDimensionsStatic) {
   torch::NoGradGuard no_grad;
   auto fn = [](torch::Tensor a) {
