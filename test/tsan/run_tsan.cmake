@@ -1,4 +1,5 @@
-# Configure, build and run test_runtime's concurrency tests with ThreadSanitizer.
+# Configure, build and run test_runtime's concurrency tests (and test_dynamic's concurrent calls
+# of one dynamic entry) with ThreadSanitizer.
 # LibTorch itself is not instrumented; OpenMP is limited to one thread so its uninstrumented
 # pool does not appear as a race, and the project's own synchronization is what is checked.
 execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${BINARY_DIR} -G ${GENERATOR}
@@ -9,7 +10,7 @@ execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${BINARY_DIR} -G ${
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "tsan: configure failed")
 endif()
-execute_process(COMMAND ${CMAKE_COMMAND} --build ${BINARY_DIR} --target test_runtime RESULT_VARIABLE rc)
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${BINARY_DIR} --target test_runtime test_dynamic RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "tsan: build failed")
 endif()
@@ -19,4 +20,8 @@ set(ENV{TSAN_OPTIONS} "halt_on_error=1 second_deadlock_stack=1")
 execute_process(COMMAND ${BINARY_DIR}/test/test_runtime --gtest_filter=Threads.*:GraphBreaks.* RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "tsan: test_runtime failed under ThreadSanitizer (exit ${rc})")
+endif()
+execute_process(COMMAND ${BINARY_DIR}/test/test_dynamic --gtest_filter=Dynamic.Concurrent* RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "tsan: test_dynamic failed under ThreadSanitizer (exit ${rc})")
 endif()
