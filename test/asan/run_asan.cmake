@@ -1,4 +1,4 @@
-# Configure, build and run test_runtime (graph breaks, fuzzing, parity, signatures) and test_aot
+# Configure, build and run test_runtime (graph breaks, fuzzing, parity, signatures), test_aot and test_dynamic
 # with AddressSanitizer and UndefinedBehaviorSanitizer. Any UB report aborts the run, and the
 # vptr check is off (see TORCHCOMPILE_SANITIZE in the top-level CMakeLists.txt).
 #
@@ -23,7 +23,7 @@ execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${BINARY_DIR} -G ${
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "asan: configure failed")
 endif()
-execute_process(COMMAND ${CMAKE_COMMAND} --build ${BINARY_DIR} --target test_runtime test_aot RESULT_VARIABLE rc)
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${BINARY_DIR} --target test_runtime test_aot test_dynamic RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "asan: build failed")
 endif()
@@ -41,4 +41,8 @@ endif()
 execute_process(COMMAND ${BINARY_DIR}/test/test_aot RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "asan: test_aot failed under AddressSanitizer/UBSan (exit ${rc})")
+endif()
+execute_process(COMMAND ${BINARY_DIR}/test/test_dynamic RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "asan: test_dynamic failed under AddressSanitizer/UBSan (exit ${rc})")
 endif()
