@@ -219,9 +219,6 @@ std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, 
                         names, name_);
     if (!plan.empty()) guards->make_symbolic(plan);
   }
-  // The backend compiles with the call's own tensors as example inputs, not observed ones.
-  if (observed)
-    for (size_t i = 0; i < args.tensors.size() && i < traced.slots.size(); ++i) traced.slots[i] = args.tensors[i];
   // The captured graph as traced: a dynamic entry records it again at new sizes.
   std::shared_ptr<GraphModule> generic;
   if (!plan.empty()) generic = ir::copy_module(*traced.records.front().gm);

@@ -26,15 +26,16 @@ void add_module_state(capture::Tracer& tracer, const torch::nn::Module* root) {
     tracer.add_attribute(b.key(), b.value(), ir::AttributeKind::Buffer);
 }
 
-// After a dynamic trace: results that are observed inputs become the inputs themselves, and
-// metadata the forward changed in place on an observed input (`unsqueeze_`, `resize_`) is
-// applied to the input (the trace then stays static).
+// After a dynamic trace (its segments resolved against the observed tensors): the call's
+// results and the example inputs the backend compiles with that are observed inputs become the
+// inputs themselves, and metadata the forward changed in place on an observed input
+// (`unsqueeze_`, `resize_`) is applied to the input (the trace then stays static).
 void restore_inputs(const ObservedInputs& observed, const CallArgs& args, TracedRun& t) {
-  for (at::Tensor& out : t.outputs)
-    for (size_t i = 0; i < observed.inputs.size(); ++i)
-      if (out.defined() && out.unsafeGetTensorImpl() == observed.inputs[i].unsafeGetTensorImpl() &&
-          out.unsafeGetTensorImpl() != args.tensors[i].unsafeGetTensorImpl())
-        out = args.tensors[i];
+  for (std::vector<at::Tensor>* tensors : {&t.outputs, &t.slots})
+    for (at::Tensor& out : *tensors)
+      for (size_t i = 0; i < observed.inputs.size(); ++i)
+        if (out.defined() && out.unsafeGetTensorImpl() == observed.inputs[i].unsafeGetTensorImpl())
+          out = args.tensors[i];
   for (size_t i = 0; i < observed.inputs.size(); ++i) {
     const at::Tensor &o = observed.inputs[i], &a = args.tensors[i];
     if (!o.defined() || o.unsafeGetTensorImpl() == a.unsafeGetTensorImpl()) continue;
@@ -75,10 +76,6 @@ TracedRun trace_forward(const CompiledFunction& fn, const GuardSet& guards, cons
     if (observed) observed->reads->start();
     t.outputs = forward(spec);
   }
-  if (observed) {
-    t.unobserved = tracer.unobserved_reason();
-    restore_inputs(*observed, args, t);
-  }
   for (const auto& n : context.modules()) guards.add_hook_module(n.module, n.version, n.path);
   // Undefined results (an empty state passed through) are not graph values: the spec puts
   // them back around the graphs' outputs.
@@ -98,6 +95,10 @@ TracedRun trace_forward(const CompiledFunction& fn, const GuardSet& guards, cons
     TORCHCOMPILE_LOG(LogKind::GraphBreaks, "torch::compile(", fn.name(), "): trace abandoned: ", t.failure);
   }
   t.slots = capture::slot_tensors(tracer);
+  if (observed) {
+    t.unobserved = tracer.unobserved_reason();
+    restore_inputs(*observed, args, t);
+  }
   return t;
 }
 

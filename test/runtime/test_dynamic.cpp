@@ -338,6 +338,20 @@ TEST(Dynamic, EncoderLayerAndLstmReadTheirSizesStayStaticAndMatchEager) {
   EXPECT_EQ(fast_enc.state().entries().front()->size_symbols().size(), 0u);
 }
 
+TEST(Dynamic, AForwardReturningItsInputReturnsTheInputItself) {
+  torch::NoGradGuard no_grad;
+  auto fn = [](torch::Tensor a, torch::Tensor b) { return std::make_tuple(a, a * b); };
+  auto fast = torch::compile(fn, torchcompile::CompileOptions("eager").with_dynamic(true));
+  for (int64_t n : {3, 5, 7}) {
+    auto a = torch::randn({n, 2}), b = torch::randn({n, 2});
+    auto [same, prod] = fast(a, b);
+    EXPECT_TRUE(same.is_same(a)) << "size " << n;
+    EXPECT_TRUE(tensors_close(prod, a * b));
+  }
+  EXPECT_EQ(fast.state().num_entries(), 1u);
+  EXPECT_EQ(fast.state().entries().front()->size_symbols().size(), 2u);  // n and 2
+}
+
 TEST(Dynamic, ReadOfAnIntermediateSizeKeepsItsInputsDimensionsStatic) {
   torch::NoGradGuard no_grad;
   auto fn = [](torch::Tensor a) {
