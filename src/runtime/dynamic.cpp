@@ -102,22 +102,6 @@ int DynamicPlan::symbol_of(uint32_t input, uint32_t dim) const {
   return -1;
 }
 
-std::string DynamicPlan::input_str(size_t i, const at::Tensor& example) const {
-  std::ostringstream os;
-  os << c10::toString(example.scalar_type()) << "[";
-  for (int64_t d = 0; d < example.dim(); ++d) {
-    const int s = symbol_of(static_cast<uint32_t>(i), static_cast<uint32_t>(d));
-    os << (d ? ", " : "");
-    if (s >= 0) {
-      os << symbols[s].name;
-    } else {
-      os << example.size(d);
-    }
-  }
-  os << "]";
-  return os.str();
-}
-
 std::vector<std::string> DynamicPlan::describe() const {
   std::vector<std::string> out;
   for (size_t k = 0; k < symbols.size(); ++k) {
@@ -275,26 +259,22 @@ ShapeSpecializations::Key ShapeSpecializations::key_of(const std::vector<at::Ten
   return key;
 }
 
+std::shared_ptr<const CompiledFn> ShapeSpecializations::find(const Key& key) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t i = 0; i < compiled_.size(); ++i) {
+    if (compiled_[i].key != key) continue;
+    if (i != 0) std::rotate(compiled_.begin(), compiled_.begin() + i, compiled_.begin() + i + 1);
+    return compiled_.front().fn;
+  }
+  return nullptr;
+}
+
 std::vector<at::Tensor> ShapeSpecializations::operator()(const std::vector<at::Tensor>& inputs) {
   const Key key = key_of(inputs);
-  std::shared_ptr<const CompiledFn> fn;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (size_t i = 0; i < compiled_.size(); ++i) {
-      if (compiled_[i].key != key) continue;
-      if (i != 0) std::rotate(compiled_.begin(), compiled_.begin() + i, compiled_.begin() + i + 1);
-      fn = compiled_.front().fn;
-      break;
-    }
-  }
-  if (fn) return (*fn)(inputs);
+  if (auto fn = find(key)) return (*fn)(inputs);
+  // One specialization at a time; a thread that waited may find its sizes compiled.
   std::lock_guard<std::mutex> one_at_a_time(specialize_mutex_);
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (const Compiled& c : compiled_)
-      if (c.key == key) fn = c.fn;
-  }
-  if (fn) return (*fn)(inputs);
+  if (auto fn = find(key)) return (*fn)(inputs);
   return specialize(key, inputs);
 }
 

@@ -62,8 +62,6 @@ struct DynamicPlan {
   bool empty() const { return dims.empty(); }
   /// The symbol of dimension `dim` of input `input`, or -1.
   int symbol_of(uint32_t input, uint32_t dim) const;
-  /// `f32[s0, 784]` for input `i`.
-  std::string input_str(size_t i, const at::Tensor& example) const;
   /// One line per symbol: `s0 = size 0 of 'x' (traced 8), range [2, inf), also size 0 of 'y'`.
   std::vector<std::string> describe() const;
 };
@@ -124,6 +122,8 @@ class ShapeSpecializations {
     std::shared_ptr<const CompiledFn> fn;
   };
   Key key_of(const std::vector<at::Tensor>& inputs) const;
+  // The compiled form for `key` (made most recently used), or null.
+  std::shared_ptr<const CompiledFn> find(const Key& key);
   // Trace the generic graph at the sizes of `inputs` and compile it; returns this call's results.
   std::vector<at::Tensor> specialize(const Key& key, const std::vector<at::Tensor>& inputs);
 

@@ -1,9 +1,7 @@
 #include "runtime/guards.h"
-#include "runtime/dynamic.h"
-
-#include <limits>
 
 #include "hooks/hooks_internal.h"
+#include "runtime/dynamic.h"
 
 #include <torchcompile/compat.h>
 
@@ -19,6 +17,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <sstream>
 #include <unordered_set>
 
@@ -273,8 +272,6 @@ std::string GuardSet::failure_reason(const CallArgs& args) const {
   return reason;
 }
 
-// Without a reason (check()), a failing guard only returns false: the message arguments are
-// never evaluated and nothing allocates.
 void GuardSet::make_symbolic(const DynamicPlan& plan) {
   for (const SymbolicDim& d : plan.dims) {
     TORCH_INTERNAL_ASSERT(d.input < tensors_.size() && d.dim < tensors_[d.input].ndim && d.dim < 64);
@@ -284,6 +281,8 @@ void GuardSet::make_symbolic(const DynamicPlan& plan) {
   }
 }
 
+// Without a reason (check()), a failing guard only returns false: the message arguments are
+// never evaluated and nothing allocates.
 #define TC_GUARD_FAIL(...)                                       \
   do {                                                           \
     if constexpr (kWithReason) *reason = c10::str(__VA_ARGS__); \
