@@ -11,6 +11,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -111,5 +112,17 @@ std::vector<std::string> load_backend_library(const std::string& path) {
   plugins.names_by_path.emplace(key, names);
   return names;
 }
+
+namespace detail {
+
+std::string plugin_of_backend(const std::string& name) {
+  auto& plugins = loaded_plugins();
+  std::lock_guard<std::recursive_mutex> lock(plugins.mutex);
+  for (const auto& [path, names] : plugins.names_by_path)
+    if (std::find(names.begin(), names.end(), name) != names.end()) return path;
+  return "";
+}
+
+}  // namespace detail
 
 }  // namespace torchcompile

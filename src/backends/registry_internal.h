@@ -20,4 +20,7 @@ struct PendingBackend {
 /// says where they come from (`plugin '/path/libx.so'`) and appears in errors.
 void register_backends_atomically(std::vector<PendingBackend> backends, const std::string& origin);
 
+/// The path of the plugin library that registered `name`, or "" (registered in code, or unknown).
+std::string plugin_of_backend(const std::string& name);
+
 }  // namespace torchcompile::detail

@@ -1,13 +1,17 @@
 #include "compile/pipeline.h"
 
+#include "repro/repro_internal.h"
+
 #include <torchcompile/ir/interpreter.h>
 #include <torchcompile/ir/passes.h>
 #include <torchcompile/ir/printer.h>
+#include <torchcompile/ir/split.h>
 #include <torchcompile/logging.h>
 
 #include <c10/util/Exception.h>
 
 #include <memory>
+#include <optional>
 #include <unordered_set>
 
 namespace torchcompile::pipeline {
@@ -97,10 +101,25 @@ CompiledGraph compile_graph(GraphModule& gm, const std::vector<at::Tensor>& exam
     remove_unused_attributes(gm);
     ir::lint(gm.graph());
   }
+  // TORCHCOMPILE_REPRO_AFTER=backend: keep the graph as the backend receives it, for a repro.
+  const std::optional<repro::detail::Config> repro_cfg = repro::detail::config_from_env();
+  std::shared_ptr<const GraphModule> as_received;
+  if (repro_cfg) as_received = ir::copy_module(gm);
   {
     TimedStep step("backend " + backend_name);
-    out.fn = call_backend(backend, backend_name, gm, example_inputs);
+    try {
+      out.fn = call_backend(backend, backend_name, gm, example_inputs);
+    } catch (const std::exception& e) {
+      if (repro_cfg) {
+        repro::detail::write_failure(*repro_cfg, *as_received, example_inputs, backend_name,
+                                     repro::Failure::CompileError, repro::detail::error_message(e),
+                                     repro::detail::rng_state());
+      }
+      throw;
+    }
   }
+  if (out.fn && repro_cfg && repro_cfg->level >= 2)
+    out.fn = repro::detail::watch(*repro_cfg, std::move(as_received), backend_name, std::move(out.fn));
   if (!out.fn) {
     out.fn = ir::interpreter_fn(gm);
     out.report.backend = "interpreter";

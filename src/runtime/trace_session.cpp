@@ -2,6 +2,8 @@
 // recorded segments compiled through the pipeline into a chain of the trace tree.
 #include "runtime/trace_session.h"
 
+#include "repro/repro_internal.h"
+
 #include <torchcompile/capture/tracer.h>
 #include <torchcompile/ir/printer.h>
 #include <torchcompile/logging.h>
@@ -123,7 +125,7 @@ std::unique_ptr<Segment> compile_chain(TracedRun& traced, size_t from, const Out
       seg->fn = std::move(compiled.fn);
       seg->report = std::move(compiled.report);
     } catch (const std::exception& e) {
-      failure = "backend '" + backend_name + "' failed to compile: " + e.what();
+      failure = "backend '" + backend_name + "' failed to compile: " + repro::detail::error_message(e);
     }
     if (!failure.empty()) return nullptr;
     if (r.branch) {
