@@ -91,6 +91,39 @@ Case& m8() {
   return c;
 }
 
+// M8 and OneOp compiled while TORCHCOMPILE_REPRO_AFTER=backend, TORCHCOMPILE_REPRO_LEVEL=<level>
+// (read when a graph compiles). Level 1 only acts on a compile error: the call path is the one
+// without the setting. Levels 2-4 watch every call (2: a copy of the inputs; 4: also the
+// interpreter in float32 and float64 for the comparison).
+template <typename F>
+Case make_repro_case(F fn, const char* level, torch::Tensor input) {
+  setenv("TORCHCOMPILE_REPRO_AFTER", "backend", 1);
+  setenv("TORCHCOMPILE_REPRO_LEVEL", level, 1);
+  auto fast = std::make_shared<decltype(torch::compile(fn, "eager"))>(torch::compile(fn, "eager"));
+  Case k{[fn](const torch::Tensor& x) { return fn(x); }, [fast](const torch::Tensor& x) { return (*fast)(x); },
+         std::move(input), {}};
+  k.check();  // traces and compiles with the setting
+  unsetenv("TORCHCOMPILE_REPRO_AFTER");
+  unsetenv("TORCHCOMPILE_REPRO_LEVEL");
+  return k;
+}
+Case& m8_repro1() {
+  static Case c = make_repro_case(chain50, "1", (torch::manual_seed(0), torch::randn({8, 8})));
+  return c;
+}
+Case& m8_repro2() {
+  static Case c = make_repro_case(chain50, "2", (torch::manual_seed(0), torch::randn({8, 8})));
+  return c;
+}
+Case& m8_repro4() {
+  static Case c = make_repro_case(chain50, "4", (torch::manual_seed(0), torch::randn({8, 8})));
+  return c;
+}
+Case& oneop_repro1() {
+  static Case c = make_repro_case(one_op, "1", (torch::manual_seed(0), torch::randn({8, 8})));
+  return c;
+}
+
 Case& oneop() {
   static Case c = [] {
     torch::manual_seed(0);
@@ -356,6 +389,15 @@ BENCHMARK(BM_BreakState_Eager)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_BreakState_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_OneOp_Eager)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_OneOp_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
+// TORCHCOMPILE_REPRO_*: level 1 against the unset runs above; 2 and 4 are what watching costs.
+void BM_M8_Chain50_ReproLevel1_Compiled(benchmark::State& s) { run_compiled(s, m8_repro1, "M8 repro level 1"); }
+void BM_M8_Chain50_ReproLevel2_Compiled(benchmark::State& s) { run_compiled(s, m8_repro2, "M8 repro level 2"); }
+void BM_M8_Chain50_ReproLevel4_Compiled(benchmark::State& s) { run_compiled(s, m8_repro4, "M8 repro level 4"); }
+void BM_OneOp_ReproLevel1_Compiled(benchmark::State& s) { run_compiled(s, oneop_repro1, "OneOp repro level 1"); }
+BENCHMARK(BM_M8_Chain50_ReproLevel1_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_M8_Chain50_ReproLevel2_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_M8_Chain50_ReproLevel4_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_OneOp_ReproLevel1_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
 void BM_Hooks_Eager(benchmark::State& s) { run_eager(s, hooks0); }
 void BM_Hooks0_Compiled(benchmark::State& s) { run_compiled(s, hooks0, "Hooks 0 (tiny MLP)"); }
 void BM_Hooks100Traceable_Compiled(benchmark::State& s) { run_compiled(s, hooks100, "Hooks 100 traceable"); }

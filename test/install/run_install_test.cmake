@@ -19,20 +19,8 @@ file(REMOVE_RECURSE "${PREFIX}" "${CONSUMER_BINARY_DIR}")
 
 run(install "${CMAKE_COMMAND}" --install "${BUILD_DIR}" --prefix "${PREFIX}" --config "${BUILD_TYPE}")
 
-set(configure_args
-  -S "${CONSUMER_SOURCE_DIR}" -B "${CONSUMER_BINARY_DIR}"
-  -G "${GENERATOR}"
-  "-DCMAKE_BUILD_TYPE=${BUILD_TYPE}"
-  "-DCMAKE_PREFIX_PATH=${PREFIX}")
-if(CXX_COMPILER)
-  list(APPEND configure_args "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}")
-endif()
-if(COMPILER_LAUNCHER)
-  list(APPEND configure_args "-DCMAKE_CXX_COMPILER_LAUNCHER=${COMPILER_LAUNCHER}")
-endif()
-if(Torch_DIR)
-  list(APPEND configure_args "-DTorch_DIR=${Torch_DIR}")
-endif()
+include("${CMAKE_CURRENT_LIST_DIR}/consumer_args.cmake")
+tc_consumer_configure_args(configure_args "${CONSUMER_SOURCE_DIR}" "${CONSUMER_BINARY_DIR}")
 run(configure "${CMAKE_COMMAND}" ${configure_args})
 run(build "${CMAKE_COMMAND}" --build "${CONSUMER_BINARY_DIR}" --config "${BUILD_TYPE}")
 run(run "${CONSUMER_BINARY_DIR}/consumer")

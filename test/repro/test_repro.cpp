@@ -2,6 +2,8 @@
 // deliberately broken backends built by the test suite (faulty_backends.cpp).
 #include "support/test_util.h"
 
+#include "repro/gated_block.h"
+
 #include <torchcompile/backends/registry.h>
 #include <torchcompile/ir/interpreter.h>
 #include <torchcompile/repro.h>
@@ -19,23 +21,6 @@ namespace {
 
 namespace fs = std::filesystem;
 namespace repro = torchcompile::repro;
-
-// M5's shape: a gated MLP block with LayerNorm, GELU and a sigmoid gate, and a residual.
-struct GatedBlock : torch::nn::Module {
-  torch::nn::LayerNorm norm{nullptr};
-  torch::nn::Linear up{nullptr}, gate{nullptr}, down{nullptr};
-  GatedBlock() {
-    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({32})));
-    up = register_module("up", torch::nn::Linear(32, 64));
-    gate = register_module("gate", torch::nn::Linear(32, 64));
-    down = register_module("down", torch::nn::Linear(64, 32));
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    torch::Tensor h = norm(x);
-    torch::Tensor a = torch::gelu(up(h)) * torch::sigmoid(gate(h));
-    return x + down(torch::tanh(a) + a);
-  }
-};
 
 void load_faulty_plugin() {
   if (!torchcompile::has_backend("gelu_throws")) torchcompile::load_backend_library(TORCHCOMPILE_FAULTY_PLUGIN);
