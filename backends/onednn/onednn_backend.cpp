@@ -1,5 +1,6 @@
 #include "onednn_backend.h"
 
+#include "dnnl_compat.h"
 #include "onednn_runtime.h"
 
 #include <torchcompile/backends/partition.h>
@@ -171,7 +172,7 @@ std::optional<Eltwise> eltwise_of(const Node* n) {
   if (t == "aten::sigmoid" || t == "aten::sigmoid_") return Eltwise{A::eltwise_logistic, 0.f, 0.f, "sigmoid"};
   if (t == "aten::tanh" || t == "aten::tanh_") return Eltwise{A::eltwise_tanh, 0.f, 0.f, "tanh"};
   if (t == "aten::silu" || t == "aten::silu_") return Eltwise{A::eltwise_swish, 1.f, 0.f, "silu"};
-  if (t == "aten::hardswish" || t == "aten::hardswish_") return Eltwise{A::eltwise_hardswish, 0.f, 0.f, "hardswish"};
+  if (t == "aten::hardswish" || t == "aten::hardswish_") return Eltwise{A::eltwise_hardswish, 1.f / 6.f, 0.5f, "hardswish"};  // x * clip(x/6 + 1/2, 0, 1): oneDNN 3 reads alpha, beta; 2.x ignores them
   if (t == "aten::relu6" || t == "aten::relu6_") return Eltwise{A::eltwise_clip, 0.f, 6.f, "clamp"};
   if (t == "aten::hardtanh" || t == "aten::hardtanh_") {
     auto lo = scalar_arg(n, 1), hi = scalar_arg(n, 2);
@@ -1210,7 +1211,7 @@ dnnl::post_ops make_post_ops(const Group& g, size_t kept, const std::vector<md_t
       if (conv_sum) po.append_sum(1.f);
       else po.append_binary(dnnl::algorithm::binary_add, add_mds.at(add_index++));
     } else {
-      po.append_eltwise(1.f, p.e.alg, p.e.alpha, p.e.beta);
+      compat::append_eltwise(po, p.e.alg, p.e.alpha, p.e.beta);
     }
   }
   return po;
@@ -1234,7 +1235,7 @@ bool Compiler::emit_linear(Group& g, bool batched) {
   } else {
     src_md = md_2d(xm);
     const int64_t K = g.w_sizes[0], N = g.w_sizes[1];
-    const int64_t M = src_md.dims()[0];
+    const int64_t M = compat::dims_of(src_md)[0];
     wei_md = g.weight_attr ? md_t({K, N}, dt::f32, tag::any) : plain_md(g.w_sizes, g.w_strides);
     dst_md = md_t({M, N}, dt::f32, tag::ab);
     if (g.bias) bias_md = md_t({1, N}, dt::f32, tag::ab);
@@ -1251,8 +1252,7 @@ bool Compiler::emit_linear(Group& g, bool batched) {
     attr.set_post_ops(make_post_ops(g, kept, add_mds, false));
     std::optional<dnnl::matmul::primitive_desc> pd;
     try {
-      auto d = g.bias ? dnnl::matmul::desc(src_md, wei_md, bias_md, dst_md) : dnnl::matmul::desc(src_md, wei_md, dst_md);
-      pd.emplace(d, attr, cpu_engine());
+      pd.emplace(compat::matmul_pd(cpu_engine(), src_md, wei_md, g.bias ? bias_md : md_t(), dst_md, attr));
     } catch (const dnnl::error&) {
       continue;
     }
@@ -1385,9 +1385,9 @@ bool Compiler::emit_conv(Group& g) {
       const md_t& src_try = src_tries[t / dst_tries.size() % src_tries.size()];
       const md_t& dst_try = dst_tries[t % dst_tries.size()];
       try {
-        dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, alg, src_try, wei_any, bias_md, dst_try,
-                                          strides, dil, pad_l, pad_r);
-        dnnl::convolution_forward::primitive_desc p(d, attr, cpu_engine());
+        dnnl::convolution_forward::primitive_desc p = compat::conv_forward_pd(
+            cpu_engine(), dnnl::prop_kind::forward_inference, alg, src_try, wei_any, bias_md, dst_try, strides, dil,
+            pad_l, pad_r, attr);
         if (is_ref_impl(p.impl_info_str())) continue;
         pd.emplace(p);
         g.winograd = alg == dnnl::algorithm::convolution_winograd;
@@ -1520,10 +1520,10 @@ bool Compiler::emit_train_conv(Group& g) {
       dst_any({N, OC, OH, OW}, dt::f32, tag::any);
   const auto alg = dnnl::algorithm::convolution_winograd;
   const bool has_bias = !backward && g.bias.has_value();
-  dnnl::convolution_forward::desc fd(dnnl::prop_kind::forward_training, alg, src_any, wei_any,
-                                     has_bias || backward ? bias_plain : md_t(), dst_any, strides, pad_l, pad_r);
   const dnnl::primitive_attr attr = user_scratchpad_attr();
-  dnnl::convolution_forward::primitive_desc fpd(fd, attr, cpu_engine());
+  dnnl::convolution_forward::primitive_desc fpd = compat::conv_forward_pd(
+      cpu_engine(), dnnl::prop_kind::forward_training, alg, src_any, wei_any, has_bias || backward ? bias_plain : md_t(),
+      dst_any, strides, {0, 0}, pad_l, pad_r, attr);
   if (is_ref_impl(fpd.impl_info_str())) return false;
 
   std::vector<uint32_t> reads;
@@ -1572,14 +1572,14 @@ bool Compiler::emit_train_conv(Group& g) {
     std::optional<dnnl::convolution_backward_data::primitive_desc> dpd;
     std::optional<dnnl::convolution_backward_weights::primitive_desc> wpd;
     if (mask.get(0)) {
-      dnnl::convolution_backward_data::desc d(alg, src_any, wei_any, dst_any, strides, pad_l, pad_r);
-      dpd.emplace(d, attr, cpu_engine(), fpd);
+      dpd.emplace(compat::conv_backward_data_pd(cpu_engine(), alg, src_any, wei_any, dst_any, strides, pad_l, pad_r,
+                                                attr, fpd));
       if (is_ref_impl(dpd->impl_info_str())) return false;
     }
     if (mask.get(1)) {
-      dnnl::convolution_backward_weights::desc d(alg, src_any, wei_any, mask.get(2) ? bias_plain : md_t(), dst_any,
-                                                 strides, pad_l, pad_r);
-      wpd.emplace(d, attr, cpu_engine(), fpd);
+      wpd.emplace(compat::conv_backward_weights_pd(cpu_engine(), alg, src_any, wei_any,
+                                                   mask.get(2) ? bias_plain : md_t(), dst_any, strides, pad_l, pad_r,
+                                                   attr, fpd));
       if (is_ref_impl(wpd->impl_info_str())) return false;
     }
     if (!dpd && !wpd) return false;
@@ -1620,9 +1620,9 @@ bool Compiler::emit_pool(Group& g) {
   md_t plain_dst({N, C, 1, 1}, dt::f32, tag::nchw);
   std::optional<dnnl::pooling_forward::primitive_desc> pd;
   try {
-    dnnl::pooling_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::pooling_avg_exclude_padding,
-                                  src_md, dst_any, {1, 1}, {H, W}, {0, 0}, {0, 0});
-    pd.emplace(d, user_scratchpad_attr(), cpu_engine());
+    pd.emplace(compat::pooling_forward_pd(cpu_engine(), dnnl::prop_kind::forward_inference,
+                                          dnnl::algorithm::pooling_avg_exclude_padding, src_md, dst_any, {1, 1}, {H, W},
+                                          {0, 0}, {0, 0}, user_scratchpad_attr()));
   } catch (const dnnl::error&) {
     return false;
   }
