@@ -662,7 +662,7 @@ bool Compiler::match_conv(Node* n, Group& g) {
 // (Read at each compile.)
 bool winograd_enabled() {
   const char* e = std::getenv("TORCHCOMPILE_ONEDNN_WINOGRAD");
-  return !e || std::string(e) != "0";
+  return (!e || std::string(e) != "0") && winograd_available();
 }
 
 // Whether a convolution has the shapes above (`w` OIHW, `out` NCHW).
@@ -1764,6 +1764,21 @@ std::unordered_set<const Node*> claim(const GraphModule& gm, const std::vector<a
   Compiler c(const_cast<GraphModule&>(gm));  // matching reads the graph only
   c.match();
   return c.group_nodes();
+}
+
+bool winograd_available() {
+  static const bool available = [] {
+    try {
+      const md_t src({1, 16, 16, 16}, dt::f32, tag::any), wei({16, 16, 3, 3}, dt::f32, tag::any);
+      auto pd = compat::conv_forward_pd(cpu_engine(), dnnl::prop_kind::forward_inference,
+                                        dnnl::algorithm::convolution_winograd, src, wei, md_t(), src, {1, 1}, {0, 0},
+                                        {1, 1}, {1, 1}, dnnl::primitive_attr());
+      return !is_ref_impl(pd.impl_info_str());
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return available;
 }
 
 }  // namespace onednn

@@ -81,6 +81,11 @@ struct Compiled {
 /// backend's claim in `default`'s partition. Empty when it would decline for grad mode.
 std::unordered_set<const ir::Node*> claim(const GraphModule& gm, const std::vector<at::Tensor>& example_inputs);
 
+/// Whether this oneDNN runs 3x3 convolutions with the Winograd algorithm on this CPU (oneDNN 2.x
+/// does on AVX-512 machines; oneDNN 3 dropped it on most). Without it, inference convolutions
+/// use the direct algorithm and training convolutions stay with ATen.
+bool winograd_available();
+
 /// Compile `gm` for oneDNN. The GraphModule must outlive the CompiledFn (attributes are read
 /// live from it).
 Compiled compile(GraphModule& gm, const std::vector<at::Tensor>& example_inputs);

@@ -802,7 +802,19 @@ TEST_P(AotTraining, WinogradConvolutionsWithWeightsAsInputs) {
   torch::manual_seed(0);
   WinogradNet net;
   check(net.ptr(), randn_input({2, 16, 16, 16}, true));
-  if (GetParam() != "default" || !torchcompile::has_backend("onednn")) return;  // LibTorch 2.x: no onednn yet
+  if (GetParam() != "default" || !torchcompile::has_backend("onednn")) return;
+  {
+    // Training convolutions go to oneDNN with the Winograd algorithm only: where this oneDNN
+    // does not offer it for inference either (oneDNN 3 on most CPUs), they stay with ATen.
+    torch::NoGradGuard no_grad;
+    net->eval();
+    auto inference = torchcompile::explain("onednn", net, torch::randn({2, 16, 16, 16}));
+    net->train();
+    if (inference.compiled.empty() ||
+        !std::any_of(inference.compiled[0].partition.begin(), inference.compiled[0].partition.end(),
+                     [](const std::string& p) { return p.find("with the Winograd algorithm") != std::string::npos; }))
+      GTEST_SKIP() << "this oneDNN has no Winograd convolution on this CPU";
+  }
   torch::manual_seed(0);
   auto e = torchcompile::explain("default", net, torch::randn({2, 16, 16, 16}, torch::requires_grad()));
   ASSERT_EQ(e.compiled.size(), 1u);
@@ -844,8 +856,12 @@ TEST_P(AotTraining, PeakMemoryOfAStepIsAtMostEagers) {
   const int64_t eager_peak = peak_of(eager_forward);
   const int64_t compiled_peak = peak_of(compiled_forward);
   EXPECT_GT(eager_peak, 0);
-  // (5% for the few kilobytes oneDNN's backward copies small operands into per call.)
-  EXPECT_LE(compiled_peak, eager_peak * 1.05) << "eager " << eager_peak << " bytes, " << GetParam() << " " << compiled_peak;
+  // Slack for `default`, whose oneDNN matmuls allocate their scratchpads (the backward's
+  // transposed operands are copied into them; OpenBLAS, under eager's mm, packs into buffers of
+  // its own that no allocator counts): measured on 2026-11-24, eager 1855560 bytes, `default`
+  // 1913288 (+3.1%) with LibTorch 1.13 / oneDNN 2.6 and 1978952 (+6.6%) with 2.6 / oneDNN 3.7;
+  // the AOT backends without oneDNN equal eager's.
+  EXPECT_LE(compiled_peak, eager_peak * (GetParam() == "default" ? 1.08 : 1.0)) << "eager " << eager_peak << " bytes, " << GetParam() << " " << compiled_peak;
 
   // retain_graph keeps what the backward reads: two backward passes, twice the gradients.
   for (auto& p : block->parameters()) p.mutable_grad() = torch::Tensor();
