@@ -141,6 +141,7 @@ results=$out_dir/RESULTS.md
   echo "- Benchmark command: \`MALLOC_MMAP_THRESHOLD_=$MALLOC_MMAP_THRESHOLD_ MALLOC_TRIM_THRESHOLD_=$MALLOC_TRIM_THRESHOLD_ ${shown_cmd% }\`"
   echo "- Git revision: $revision"
   echo "- CPU: ${cpu:-unknown}, $(nproc) cores visible${cpu_flags:+ (${cpu_flags% })}"
+  echo "- LibTorch (libtorch-dev): $(dpkg-query -W -f='${Version}' libtorch-dev 2>/dev/null || echo unknown); oneDNN (libdnnl-dev): $(dpkg-query -W -f='${Version}' libdnnl-dev 2>/dev/null || echo unknown)"
   echo "- BLAS: $blas; OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-(unset)}"
   echo "- malloc: MALLOC_MMAP_THRESHOLD_=$MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_=$MALLOC_TRIM_THRESHOLD_"
   echo "- Threads: torch::set_num_threads(2); OMP_NUM_THREADS=${OMP_NUM_THREADS:-(unset)}"

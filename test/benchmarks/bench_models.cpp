@@ -1,4 +1,4 @@
-// The model benchmark suite: models M1-M8 (the README's benchmark models; fp32, seed 0,
+// The model benchmark suite: models M1-M8 and four coverage rows (the README's benchmark models; fp32, seed 0,
 // 2 intra-op threads), each in every mode whose backend is registered, with medians, speedups
 // over eager from the same run, first-call (trace + compile) times and the targets.
 //
@@ -20,6 +20,10 @@
 //             b.sum() < 0: every call takes the `b = b * -1` branch (a graph break whose
 //             continuation is cached after the warm-up)
 //   M8        50 chained tiny ops cycling x+0.5, x*0.9, relu, sin on (8, 8)
+//   DCGAN, MNIST, LSTM-LM, BiLSTM
+//             layers real C++ programs use (see their definitions below): a DCGAN generator
+//             (ConvTranspose2d), an MNIST CNN (max pooling, dropout), an LSTM language model and a
+//             bidirectional LSTM classifier; eval()
 // Inference rows run under torch::NoGradGuard. A training step sets every gradient to none
 // (PyTorch 2's zero_grad default), runs the compiled (or eager) forward including the loss, and
 // calls backward() on the loss: for the compiled modes the loss is part of the compiled module.
@@ -112,6 +116,63 @@ struct M5Impl : torch::nn::Module {
   torch::Tensor forward(torch::Tensor x) { return x + down(torch::gelu(up(norm(x)))); }
   torch::nn::LayerNorm norm;
   torch::nn::Linear up, down;
+};
+
+// Layers real C++ programs use (issue 16's coverage rows), eval(), fp32:
+// DCGAN: a DCGAN generator, ConvTranspose2d-BN-ReLU x4 then ConvTranspose2d-Tanh, (16,100,1,1) ->
+// (16,3,64,64).
+struct DcganImpl : torch::nn::Module {
+  torch::nn::Sequential net;
+  DcganImpl() {
+    auto up = [](int64_t in, int64_t out, int64_t stride, int64_t pad) {
+      return torch::nn::ConvTranspose2d(torch::nn::ConvTranspose2dOptions(in, out, 4).stride(stride).padding(pad).bias(false));
+    };
+    net = register_module("net", torch::nn::Sequential(
+        up(100, 256, 1, 0), torch::nn::BatchNorm2d(256), torch::nn::ReLU(),
+        up(256, 128, 2, 1), torch::nn::BatchNorm2d(128), torch::nn::ReLU(),
+        up(128, 64, 2, 1), torch::nn::BatchNorm2d(64), torch::nn::ReLU(),
+        up(64, 32, 2, 1), torch::nn::BatchNorm2d(32), torch::nn::ReLU(),
+        up(32, 3, 2, 1), torch::nn::Tanh()));
+  }
+  torch::Tensor forward(torch::Tensor z) { return net->forward(z); }
+};
+
+// MNIST: Conv2d(1,32,3)-ReLU-MaxPool2-Conv2d(32,64,3)-ReLU-MaxPool2-Dropout-Linear(1600,128)-ReLU-
+// Linear(128,10), (64,1,28,28).
+struct MnistImpl : torch::nn::Module {
+  torch::nn::Conv2d c1{nullptr}, c2{nullptr};
+  torch::nn::Dropout drop{nullptr};
+  torch::nn::Linear f1{nullptr}, f2{nullptr};
+  MnistImpl() {
+    c1 = register_module("c1", torch::nn::Conv2d(1, 32, 3));
+    c2 = register_module("c2", torch::nn::Conv2d(32, 64, 3));
+    drop = register_module("drop", torch::nn::Dropout(0.25));
+    f1 = register_module("f1", torch::nn::Linear(1600, 128));
+    f2 = register_module("f2", torch::nn::Linear(128, 10));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::max_pool2d(torch::relu(c1(x)), 2);
+    x = torch::max_pool2d(torch::relu(c2(x)), 2);
+    return f2(torch::relu(f1(drop(x.flatten(1)))));
+  }
+};
+
+// LSTM-LM: Embedding(10000,128)-LSTM(128,256,2 layers)-Linear(256,10000) on tokens (32 steps, 16).
+// BiLSTM: Embedding(10000,128)-bidirectional LSTM(128,256,2 layers)-Linear(512,2) on the last step.
+struct LstmImpl : torch::nn::Module {
+  torch::nn::Embedding embed{nullptr};
+  torch::nn::LSTM lstm{nullptr};
+  torch::nn::Linear head{nullptr};
+  bool classifier;
+  explicit LstmImpl(bool bidirectional) : classifier(bidirectional) {
+    embed = register_module("embed", torch::nn::Embedding(10000, 128));
+    lstm = register_module("lstm", torch::nn::LSTM(torch::nn::LSTMOptions(128, 256).num_layers(2).bidirectional(bidirectional)));
+    head = register_module("head", torch::nn::Linear(bidirectional ? 512 : 256, bidirectional ? 2 : 10000));
+  }
+  torch::Tensor forward(torch::Tensor tokens) {
+    torch::Tensor h = std::get<0>(lstm->forward(embed(tokens)));
+    return head(classifier ? h[-1] : h);
+  }
 };
 
 // Training steps: the model and its loss as one module, so a compiled mode captures both.
@@ -288,6 +349,30 @@ const std::vector<Row>& rows() {
          return function_instance(&toy_example, a, b);
        }},
       {"M8", "M8 50 tiny ops (8,8)", false, [] { return function_instance(&chain50, torch::randn({8, 8})); }},
+      {"DCGAN", "DCGAN generator (16,100)->64x64", false,
+       [] {
+         auto m = std::make_shared<DcganImpl>();
+         m->eval();
+         return module_instance(m, false, torch::randn({16, 100, 1, 1}));
+       }},
+      {"MNIST", "MNIST CNN (64,1,28,28)", false,
+       [] {
+         auto m = std::make_shared<MnistImpl>();
+         m->eval();
+         return module_instance(m, false, torch::randn({64, 1, 28, 28}));
+       }},
+      {"LSTM-LM", "LSTM LM 2x256 (32,16)", false,
+       [] {
+         auto m = std::make_shared<LstmImpl>(false);
+         m->eval();
+         return module_instance(m, false, torch::randint(0, 10000, {32, 16}, torch::kLong));
+       }},
+      {"BiLSTM", "BiLSTM classifier 2x256 (32,16)", false,
+       [] {
+         auto m = std::make_shared<LstmImpl>(true);
+         m->eval();
+         return module_instance(m, false, torch::randint(0, 10000, {32, 16}, torch::kLong));
+       }},
   };
   return rs;
 }
