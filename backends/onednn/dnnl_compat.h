@@ -57,6 +57,22 @@ inline dnnl::convolution_forward::primitive_desc conv_forward_pd(const dnnl::eng
 #endif
 }
 
+/// A 2-D deconvolution (transposed convolution) forward; `bias` may be a zero descriptor.
+inline dnnl::deconvolution_forward::primitive_desc deconv_forward_pd(const dnnl::engine& e, dnnl::prop_kind prop,
+                                                                     const md_t& src, const md_t& wei, const md_t& bias,
+                                                                     const md_t& dst, const dims& strides,
+                                                                     const dims& dilates, const dims& pad_l,
+                                                                     const dims& pad_r, const dnnl::primitive_attr& attr) {
+#if DNNL_VERSION_MAJOR >= 3
+  return dnnl::deconvolution_forward::primitive_desc(e, prop, dnnl::algorithm::deconvolution_direct, src, wei, bias,
+                                                     dst, strides, dilates, pad_l, pad_r, attr);
+#else
+  dnnl::deconvolution_forward::desc d(prop, dnnl::algorithm::deconvolution_direct, src, wei, bias, dst, strides,
+                                      dilates, pad_l, pad_r);
+  return dnnl::deconvolution_forward::primitive_desc(d, attr, e);
+#endif
+}
+
 inline dnnl::convolution_backward_data::primitive_desc conv_backward_data_pd(
     const dnnl::engine& e, dnnl::algorithm alg, const md_t& diff_src, const md_t& wei, const md_t& diff_dst,
     const dims& strides, const dims& pad_l, const dims& pad_r, const dnnl::primitive_attr& attr,
@@ -84,16 +100,17 @@ inline dnnl::convolution_backward_weights::primitive_desc conv_backward_weights_
 #endif
 }
 
-/// A 2-D pooling forward without dilation.
+/// A 2-D pooling forward; dilations are 0-based (with oneDNN 2.x only 0: undilated).
 inline dnnl::pooling_forward::primitive_desc pooling_forward_pd(const dnnl::engine& e, dnnl::prop_kind prop,
                                                                 dnnl::algorithm alg, const md_t& src, const md_t& dst,
                                                                 const dims& strides, const dims& kernel,
-                                                                const dims& pad_l, const dims& pad_r,
-                                                                const dnnl::primitive_attr& attr) {
+                                                                const dims& dilation, const dims& pad_l,
+                                                                const dims& pad_r, const dnnl::primitive_attr& attr) {
 #if DNNL_VERSION_MAJOR >= 3
-  return dnnl::pooling_forward::primitive_desc(e, prop, alg, src, dst, strides, kernel, dims(strides.size(), 0), pad_l,
-                                               pad_r, attr);
+  return dnnl::pooling_forward::primitive_desc(e, prop, alg, src, dst, strides, kernel, dilation, pad_l, pad_r, attr);
 #else
+  for (auto d : dilation)
+    if (d != 0) throw dnnl::error(dnnl_unimplemented, "dilated pooling needs oneDNN's pooling_v2 (not used)");
   dnnl::pooling_forward::desc d(prop, alg, src, dst, strides, kernel, pad_l, pad_r);
   return dnnl::pooling_forward::primitive_desc(d, attr, e);
 #endif

@@ -230,6 +230,11 @@ struct Group {
   Value out;
   size_t kept = 0;  // post-ops actually fused (after trimming)
   bool winograd = false;  // Conv: oneDNN's Winograd algorithm
+  bool transposed = false;  // Conv: a transposed convolution (oneDNN's deconvolution)
+  // Pool: max (else average) with this kernel (also uses stride, padding, dilation)
+  bool pool_max = false;
+  bool ceil_mode = false;
+  std::vector<int64_t> kernel;
 };
 
 std::string make_label(const Group& g, size_t kept) {
@@ -237,8 +242,8 @@ std::string make_label(const Group& g, size_t kept) {
   switch (g.kind) {
     case GroupKind::Linear: s = "linear"; break;
     case GroupKind::Batched: s = g.anchor->target() == "aten::bmm" || g.anchor->target() == "aten::baddbmm" ? "bmm" : "matmul"; break;
-    case GroupKind::Conv: s = "conv"; break;
-    case GroupKind::Pool: s = "avgpool"; break;
+    case GroupKind::Conv: s = g.transposed ? "deconv" : "conv"; break;
+    case GroupKind::Pool: s = g.pool_max ? "maxpool" : "avgpool"; break;
     case GroupKind::TrainConv: return "conv (winograd, weights as inputs)";
     case GroupKind::TrainConvBackward: return "conv backward (winograd)";
   }
@@ -566,16 +571,35 @@ bool Compiler::match_batched(Node* n, Group& g) {
   return true;
 }
 
+// Transposed convolutions (oneDNN's deconvolution) are lowered only with
+// TORCHCOMPILE_ONEDNN_DECONV=1: on this machine oneDNN 2.6's deconvolution ran a DCGAN generator's
+// layers 0.4-1.2x as fast as ATen's (slow_conv_transpose2d: im2col and OpenBLAS), 2.7x slower in
+// all (the 32->3 channel layer 11x). (Read at each compile.)
+bool deconv_enabled() {
+  const char* e = std::getenv("TORCHCOMPILE_ONEDNN_DECONV");
+  return e && std::string(e) == "1";
+}
+
 bool Compiler::match_conv(Node* n, Group& g) {
   g.kind = GroupKind::Conv;
   g.anchor = n;
-  size_t groups_index;
+  // Argument positions: conv2d(input, weight, bias, stride, padding, dilation, groups);
+  // convolution(..., stride, padding, dilation, transposed, output_padding, groups);
+  // conv_transpose2d(..., stride, padding, output_padding, groups, dilation).
+  size_t groups_index, dilation_index = 5, output_padding_index = 7;
   if (is_call(n, {"aten::conv2d"})) {
     groups_index = 6;
   } else if (is_call(n, {"aten::convolution", "aten::_convolution"})) {
     auto transposed = scalar_arg(n, 6);
-    if (!transposed || *transposed != 0.0) return false;
+    if (!transposed) return false;
+    g.transposed = *transposed != 0.0;
     groups_index = 8;
+  } else if (is_call(n, {"aten::conv_transpose2d.input"})) {
+    if (!deconv_enabled()) return false;
+    g.transposed = true;
+    groups_index = 6;
+    dilation_index = 7;
+    output_padding_index = 5;
   } else {
     return false;
   }
@@ -583,6 +607,8 @@ bool Compiler::match_conv(Node* n, Group& g) {
   if (!x || !w) return false;
   const TensorMeta &xm = meta(*x), &wm = meta(*w), &om = meta(n->output(0));
   if (!is_f32(xm) || !is_f32(wm) || !is_f32(om) || xm.sizes.size() != 4 || wm.sizes.size() != 4) return false;
+  // Output channels: weight (OC, IC/groups, KH, KW), transposed (IC, OC/groups, KH, KW).
+  const int64_t OC = g.transposed ? wm.sizes[1] : wm.sizes[0];
   if (!is_contiguous(xm.sizes, xm.strides) || !is_contiguous(om.sizes, om.strides)) return false;
   if (numel(xm.sizes) == 0 || numel(om.sizes) == 0) return false;
   g.weight_attr = attr_of(*w);
@@ -590,20 +616,34 @@ bool Compiler::match_conv(Node* n, Group& g) {
   if (w->node->uses(0).size() == 1) g.helpers.push_back(w->node);
   if (auto b = value_arg(n, 2)) {
     g.conv_bias_attr = attr_of(*b);
-    if (!g.conv_bias_attr || meta(*b).sizes != std::vector<int64_t>{wm.sizes[0]}) return false;
+    if (!g.conv_bias_attr || meta(*b).sizes != std::vector<int64_t>{OC}) return false;
     if (b->node->uses(0).size() == 1) g.helpers.push_back(b->node);
   } else if (!none_arg(n, 2)) {
     return false;
   }
-  auto st = int_list(arg(n, 3).constant()), pd = int_list(arg(n, 4).constant()), dl = int_list(arg(n, 5).constant());
+  for (size_t i : {size_t{3}, size_t{4}, dilation_index})
+    if (!arg(n, i).is_constant()) return false;
+  auto st = int_list(arg(n, 3).constant()), pd = int_list(arg(n, 4).constant()),
+       dl = int_list(arg(n, dilation_index).constant());
   auto gr = scalar_arg(n, groups_index);
-  if (!arg(n, 3).is_constant() || !st || !pd || !dl || !gr) return false;
+  if (!st || !pd || !dl || !gr) return false;
   g.stride = pair_of(*st);
   g.padding = pair_of(*pd);
   g.dilation = pair_of(*dl);
   g.groups = static_cast<int64_t>(*gr);
   if (g.stride.size() != 2 || g.padding.size() != 2 || g.dilation.size() != 2 || g.groups < 1) return false;
-  if (xm.sizes[1] != wm.sizes[1] * g.groups || wm.sizes[0] % g.groups != 0) return false;
+  if (g.transposed && !deconv_enabled()) return false;
+  if (g.transposed) {
+    // Ungrouped only; the output padding only shows in the output size (the right padding).
+    if (g.groups != 1 || xm.sizes[1] != wm.sizes[0] || om.sizes[1] != OC) return false;
+    if (!arg(n, output_padding_index).is_constant() || !int_list(arg(n, output_padding_index).constant())) return false;
+    const std::vector<int64_t> k{wm.sizes[2], wm.sizes[3]};
+    for (size_t d = 0; d < 2; ++d)  // oneDNN's right padding of the deconvolution must not be negative
+      if ((xm.sizes[d + 2] - 1) * g.stride[d] + (k[d] - 1) * g.dilation[d] + 1 - om.sizes[d + 2] - g.padding[d] < 0)
+        return false;
+  } else if (xm.sizes[1] != wm.sizes[1] * g.groups || wm.sizes[0] % g.groups != 0) {
+    return false;
+  }
   g.src = *x;
   g.head.push_back(n);
   g.base = n->output(0);
@@ -626,7 +666,7 @@ bool Compiler::match_conv(Node* n, Group& g) {
     if (ok) {
       auto eps = scalar_arg(bn, eps_index);
       auto rm = value_arg(bn, 3), rv = value_arg(bn, 4), bw = value_arg(bn, 1), bb = value_arg(bn, 2);
-      const int64_t C = wm.sizes[0];
+      const int64_t C = OC;
       auto attr_c = [&](const std::optional<Value>& v) -> const at::Tensor* {
         if (!v) return nullptr;
         const at::Tensor* a = attr_of(*v);
@@ -674,7 +714,7 @@ bool winograd_shape(const std::vector<int64_t>& w, const Group& g, const std::ve
 
 // An inference convolution with a prepacked weight that Winograd takes.
 bool winograd_candidate(const Group& g, const std::vector<int64_t>& out_sizes) {
-  return winograd_enabled() && g.kind == GroupKind::Conv && g.weight_attr &&
+  return winograd_enabled() && g.kind == GroupKind::Conv && !g.transposed && g.weight_attr &&
          winograd_shape(g.weight_attr->sizes().vec(), g, out_sizes);
 }
 
@@ -750,13 +790,37 @@ bool Compiler::match_pool(Node* n, Group& g) {
   g.anchor = n;
   auto x = value_arg(n, 0);
   if (!x) return false;
-  // Only after a lowered convolution, whose output may then stay blocked.
+  const TensorMeta& xm = meta(*x);
+  if (!is_f32(xm) || xm.sizes.size() != 4 || !is_contiguous(xm.sizes, xm.strides)) return false;
+  // Max pooling: max_pool2d_with_indices(self, kernel_size, stride, padding, dilation, ceil_mode)
+  // whose indices nothing reads (LibTorch's max_pool2d without grad), or max_pool2d itself.
+  if (is_call(n, {"aten::max_pool2d_with_indices", "aten::max_pool2d"})) {
+    if (n->target() == "aten::max_pool2d_with_indices" && !n->uses(1).empty()) return false;
+    for (size_t i = 1; i < 5; ++i)
+      if (!arg(n, i).is_constant() || !int_list(arg(n, i).constant())) return false;
+    g.kernel = pair_of(*int_list(arg(n, 1).constant()));
+    std::vector<int64_t> st = *int_list(arg(n, 2).constant());
+    g.stride = st.empty() ? g.kernel : pair_of(st);
+    g.padding = pair_of(*int_list(arg(n, 3).constant()));
+    g.dilation = pair_of(*int_list(arg(n, 4).constant()));
+    if (g.kernel.size() != 2 || g.stride.size() != 2 || g.padding.size() != 2 || g.dilation != std::vector<int64_t>{1, 1})
+      return false;
+    const TensorMeta& om = meta(n->output(0));
+    if (!is_f32(om) || om.sizes.size() != 4 || !is_contiguous(om.sizes, om.strides) || numel(om.sizes) == 0) return false;
+    auto ceil = arg(n, 5).is_constant() ? scalar_arg(n, 5) : std::nullopt;
+    if (!ceil) return false;
+    g.ceil_mode = *ceil != 0.0;
+    g.pool_max = true;
+    g.src = *x;
+    g.head.push_back(n);
+    g.base = n->output(0);
+    return true;
+  }
+  // Global average pooling: only after a lowered convolution, whose output may then stay blocked.
   bool after_conv = false;
   for (auto& og : groups_)
     if (og->kind == GroupKind::Conv && og->out == *x) after_conv = true;
   if (!after_conv) return false;
-  const TensorMeta& xm = meta(*x);
-  if (!is_f32(xm) || xm.sizes.size() != 4 || !is_contiguous(xm.sizes, xm.strides)) return false;
   if (is_call(n, {"aten::adaptive_avg_pool2d"})) {
     auto os = int_list(arg(n, 1).constant());
     if (!arg(n, 1).is_constant() || !os || !(*os == std::vector<int64_t>{1, 1} || *os == std::vector<int64_t>{1}))
@@ -774,6 +838,9 @@ bool Compiler::match_pool(Node* n, Group& g) {
   }
   const TensorMeta& om = meta(n->output(0));
   if (!is_f32(om) || !is_contiguous(om.sizes, om.strides) || numel(om.sizes) != xm.sizes[0] * xm.sizes[1]) return false;
+  g.kernel = {xm.sizes[2], xm.sizes[3]};
+  g.stride = {1, 1};
+  g.padding = {0, 0};
   g.src = *x;
   g.head.push_back(n);
   g.base = n->output(0);
@@ -1062,17 +1129,48 @@ struct ConvStep : Step {
   }
 };
 
+// Whether `n` floats at `p` hold a NaN (exponent all ones, mantissa not zero), as one integer
+// max over the magnitudes' bits, which the compiler vectorizes.
+__attribute__((optimize("tree-vectorize"))) bool any_nan(const void* p, size_t n) {
+  const uint32_t* bits = static_cast<const uint32_t*>(p);
+  uint32_t m = 0;
+  for (size_t i = 0; i < n; ++i) m = std::max(m, bits[i] & 0x7fffffffu);
+  return m > 0x7f800000u;
+}
+
+// What a max pooling runs when its input holds a NaN: ATen's kernel, which propagates it (oneDNN's
+// max does not).
+struct NanFallback {
+  std::vector<int64_t> kernel, stride, padding;
+  bool ceil_mode = false;
+  std::vector<int64_t> src_sizes;  // plain NCHW
+  size_t src_floats = 0;           // what the NaN scan reads (a blocked layout's padding included)
+  std::optional<Reorder> to_plain;  // a blocked source, to NCHW
+};
+
 struct PoolStep : Step {
   dnnl::primitive prim;
   ActIn src;
   ActOut out;
   uint32_t m_src, m_dst, m_scratch;
   bool has_scratch = false;
+  std::optional<NanFallback> nan;  // max pooling
   void run(Ctx& c) const override {
     const auto& m = c.ms->mems;
     at::Tensor tmp_src;
     void* x = src.get(c, tmp_src);
-    at::Tensor y = at::empty(out.sizes, at::TensorOptions().dtype(at::kFloat));
+    if (nan && any_nan(x, nan->src_floats)) {
+      at::Tensor plain;
+      if (src.blocked) {
+        plain = at::empty(nan->src_sizes, at::TensorOptions().dtype(at::kFloat));
+        nan->to_plain->run(c, x, plain.data_ptr());
+      } else {
+        plain = src.plain.get(c, tmp_src);
+      }
+      c.slots[out.slot] = at::max_pool2d(plain, nan->kernel, nan->stride, nan->padding, 1, nan->ceil_mode);
+      return;
+    }
+    at::Tensor y = out.blocked ? at::Tensor() : at::empty(out.sizes, at::TensorOptions().dtype(at::kFloat));
     void* dst = out.direct ? y.data_ptr() : c.ms->buffer_ptrs[out.buffer];
     ExecArgs args;
     args.bind(DNNL_ARG_SRC, m[m_src], x);
@@ -1081,6 +1179,7 @@ struct PoolStep : Step {
       args.bind(DNNL_ARG_SCRATCHPAD, m[m_scratch], c.ms->buffer_ptrs[0]);
     }
     execute(prim, c, args);
+    if (out.blocked) return;
     if (!out.direct) out.to_plain->run(c, dst, y.data_ptr());
     c.slots[out.slot] = std::move(y);
   }
@@ -1337,11 +1436,12 @@ bool Compiler::emit_conv(Group& g) {
   const TensorMeta& xm = meta(g.src);
   const at::Tensor& w = *g.weight_attr;
   const int64_t N = xm.sizes[0], IC = xm.sizes[1], IH = xm.sizes[2], IW = xm.sizes[3];
-  const int64_t OC = w.size(0), KH = w.size(2), KW = w.size(3);
+  const int64_t OC = g.transposed ? w.size(1) : w.size(0), KH = w.size(2), KW = w.size(3);
   const std::vector<int64_t>& os = meta(g.base).sizes;
   const int64_t OH = os[2], OW = os[3];
   dims pad_l = {g.padding[0], g.padding[1]};
-  dims pad_r = conv_pad_r(g, xm.sizes, w.sizes().vec(), os);
+  // A deconvolution's padding is that of the convolution it transposes (output and input swapped).
+  dims pad_r = g.transposed ? conv_pad_r(g, os, w.sizes().vec(), xm.sizes) : conv_pad_r(g, xm.sizes, w.sizes().vec(), os);
   dims strides = {g.stride[0], g.stride[1]};
   dims dil = {g.dilation[0] - 1, g.dilation[1] - 1};
   md_t wei_any = g.groups == 1 ? md_t({OC, IC, KH, KW}, dt::f32, tag::any)
@@ -1370,7 +1470,8 @@ bool Compiler::emit_conv(Group& g) {
   for (size_t kept = g.kept + 1; kept-- > 0;) {
     dnnl::primitive_attr attr = user_scratchpad_attr();
     attr.set_post_ops(make_post_ops(g, kept, {}, true));
-    std::optional<dnnl::convolution_forward::primitive_desc> pd;
+    std::optional<dnnl::primitive_desc> pd;
+    dnnl::primitive prim;
     std::vector<md_t> src_tries, dst_tries;
     if (src_blocked) src_tries.push_back(src_have);
     src_tries.push_back(md_t({N, IC, IH, IW}, dt::f32, tag::any));
@@ -1385,11 +1486,20 @@ bool Compiler::emit_conv(Group& g) {
       const md_t& src_try = src_tries[t / dst_tries.size() % src_tries.size()];
       const md_t& dst_try = dst_tries[t % dst_tries.size()];
       try {
-        dnnl::convolution_forward::primitive_desc p = compat::conv_forward_pd(
-            cpu_engine(), dnnl::prop_kind::forward_inference, alg, src_try, wei_any, bias_md, dst_try, strides, dil,
-            pad_l, pad_r, attr);
-        if (is_ref_impl(p.impl_info_str())) continue;
-        pd.emplace(p);
+        if (g.transposed) {
+          if (alg != dnnl::algorithm::convolution_direct) continue;
+          auto p = compat::deconv_forward_pd(cpu_engine(), dnnl::prop_kind::forward_inference, src_try, wei_any,
+                                             bias_md, dst_try, strides, dil, pad_l, pad_r, attr);
+          if (is_ref_impl(p.impl_info_str())) continue;
+          prim = dnnl::deconvolution_forward(p);
+          pd.emplace(p);
+        } else {
+          auto p = compat::conv_forward_pd(cpu_engine(), dnnl::prop_kind::forward_inference, alg, src_try, wei_any,
+                                           bias_md, dst_try, strides, dil, pad_l, pad_r, attr);
+          if (is_ref_impl(p.impl_info_str())) continue;
+          prim = dnnl::convolution_forward(p);
+          pd.emplace(p);
+        }
         g.winograd = alg == dnnl::algorithm::convolution_winograd;
       } catch (const dnnl::error&) {
       }
@@ -1398,7 +1508,7 @@ bool Compiler::emit_conv(Group& g) {
     g.kept = kept;
     auto s = std::make_unique<ConvStep>();
     std::vector<uint32_t> reads;
-    s->prim = dnnl::convolution_forward(*pd);
+    s->prim = prim;
     // Source.
     if (src_blocked) {
       s->src.blocked = true;
@@ -1421,12 +1531,15 @@ bool Compiler::emit_conv(Group& g) {
       const bool bn = g.has_bn;
       const double eps = g.bn_eps;
       const int64_t G = g.groups;
+      const bool transposed = g.transposed;
       md_t packed_md = pd->weights_desc();
       s->packed = std::make_shared<PackedHolder>(sources, [=]() {
         auto p = std::make_shared<Packed>();
         record_sources(*p, sources);
         at::NoGradGuard no_grad;
-        at::Tensor W = wt->detach();
+        // (OC, IC, KH, KW): a transposed convolution's weight is (IC, OC, KH, KW); oneDNN's
+        // deconvolution takes it with the channels swapped, not flipped.
+        at::Tensor W = transposed ? wt->detach().transpose(0, 1) : wt->detach();
         at::Tensor B = bt ? bt->detach().clone() : at::zeros({W.size(0)}, W.options());
         if (bn) {
           at::Tensor inv = (rv->detach() + eps).rsqrt();
@@ -1612,17 +1725,27 @@ bool Compiler::emit_train_conv(Group& g) {
 bool Compiler::emit_pool(Group& g) {
   const TensorMeta& xm = meta(g.src);
   const int64_t N = xm.sizes[0], C = xm.sizes[1], H = xm.sizes[2], W = xm.sizes[3];
+  // The output's 4-D sizes (global average pooling may have flattened them).
+  const std::vector<int64_t> os4 =
+      g.pool_max ? meta(g.base).sizes : std::vector<int64_t>{N, C, 1, 1};
   auto sit = locs_.find(g.src);
   bool src_blocked = sit != locs_.end() && sit->second.kind == Loc::Blocked;
   md_t plain_src({N, C, H, W}, dt::f32, tag::nchw);
   md_t src_md = src_blocked ? sit->second.md : plain_src;
-  md_t dst_any({N, C, 1, 1}, dt::f32, tag::any);
-  md_t plain_dst({N, C, 1, 1}, dt::f32, tag::nchw);
+  md_t dst_any(os4, dt::f32, tag::any);
+  md_t plain_dst(os4, dt::f32, tag::nchw);
+  // The right padding: ATen's symmetric padding, or more where ceil_mode adds a last window (then
+  // the one that makes oneDNN's output size ATen's).
+  dims pad_r(2);
+  for (size_t d = 0; d < 2; ++d)
+    pad_r[d] = std::max(g.padding[d], (os4[d + 2] - 1) * g.stride[d] + g.kernel[d] - xm.sizes[d + 2] - g.padding[d]);
   std::optional<dnnl::pooling_forward::primitive_desc> pd;
   try {
-    pd.emplace(compat::pooling_forward_pd(cpu_engine(), dnnl::prop_kind::forward_inference,
-                                          dnnl::algorithm::pooling_avg_exclude_padding, src_md, dst_any, {1, 1}, {H, W},
-                                          {0, 0}, {0, 0}, user_scratchpad_attr()));
+    pd.emplace(compat::pooling_forward_pd(
+        cpu_engine(), dnnl::prop_kind::forward_inference,
+        g.pool_max ? dnnl::algorithm::pooling_max : dnnl::algorithm::pooling_avg_exclude_padding, src_md, dst_any,
+        {g.stride[0], g.stride[1]}, {g.kernel[0], g.kernel[1]}, {0, 0}, {g.padding[0], g.padding[1]}, pad_r,
+        user_scratchpad_attr()));
   } catch (const dnnl::error&) {
     return false;
   }
@@ -1641,14 +1764,28 @@ bool Compiler::emit_pool(Group& g) {
   s->m_dst = add_mem(pd->dst_desc());
   add_scratchpad(pd->scratchpad_desc(), s->has_scratch, s->m_scratch);
   s->out.sizes = meta(g.out).sizes;
-  s->out.slot = new_slot();
-  if (pd->dst_desc() == plain_dst) {
-    s->out.direct = true;
-  } else {
-    s->out.buffer = add_buffer(pd->dst_desc().get_size());
-    s->out.to_plain = make_reorder(pd->dst_desc(), plain_dst);
+  if (g.pool_max) {
+    // A NaN in the input: ATen's kernel computes the (plain) result instead.
+    NanFallback f;
+    f.kernel = g.kernel;
+    f.stride = g.stride;
+    f.padding = g.padding;
+    f.ceil_mode = g.ceil_mode;
+    f.src_sizes = xm.sizes;
+    f.src_floats = src_md.get_size() / sizeof(float);
+    if (src_blocked) f.to_plain = make_reorder(src_md, plain_src);
+    s->nan = std::move(f);
   }
-  locs_[g.out] = slot_loc(s->out.slot);
+  {
+    s->out.slot = new_slot();
+    if (pd->dst_desc() == plain_dst) {
+      s->out.direct = true;
+    } else {
+      s->out.buffer = add_buffer(pd->dst_desc().get_size());
+      s->out.to_plain = make_reorder(pd->dst_desc(), plain_dst);
+    }
+    locs_[g.out] = slot_loc(s->out.slot);
+  }
   push(std::move(s), std::move(reads));
   return true;
 }

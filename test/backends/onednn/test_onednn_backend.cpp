@@ -695,3 +695,138 @@ TEST(OneDnnDeclines, PassesLogShowsEachStepWithItsTime) {
   EXPECT_THAT(err, ::testing::ContainsRegex("step backend default \\([0-9.]+ ms\\)"));
   EXPECT_THAT(err, ::testing::HasSubstr("compiled by onednn"));
 }
+
+// ---- max pooling and transposed convolutions (the layers of MNIST CNNs and DCGAN generators) ----
+
+TEST(OneDnnBackend, MaxPoolingAfterConvolutionsMatchesEager) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(31);
+  // MNIST's shape: conv-relu-maxpool twice; the first pool's result stays blocked for conv2.
+  auto m = std::make_shared<FnModule>();
+  auto c1 = m->register_module("c1", torch::nn::Conv2d(1, 32, 3));
+  auto c2 = m->register_module("c2", torch::nn::Conv2d(32, 64, 3));
+  auto fc = m->register_module("fc", torch::nn::Linear(1600, 10));
+  m->fn = [=](FnModule&, torch::Tensor x) {
+    x = torch::max_pool2d(torch::relu(c1->forward(x)), 2);
+    x = torch::max_pool2d(torch::relu(c2->forward(x)), 2);
+    return fc->forward(x.flatten(1));
+  };
+  m->eval();
+  Recorder r;
+  expect_matches_eager(m, [] { return torch::randn({8, 1, 28, 28}); }, r);
+  EXPECT_EQ(r.fused(), (std::vector<std::string>{"conv+bias+relu", "maxpool", "conv+bias+relu", "maxpool", "linear+bias"}));
+  EXPECT_GE(r.entries->at(0).blocked_values, 2u);
+  // A NaN reaching a pooling from a convolution's blocked output: ATen's pooling, NaN kept.
+  auto m2 = std::make_shared<FnModule>();
+  m2->register_module("c1", c1);
+  m2->fn = [=](FnModule&, torch::Tensor x) { return torch::max_pool2d(c1->forward(x), 2).sum({2, 3}); };
+  Recorder r2;
+  expect_matches_eager(m2, [] {
+    torch::Tensor x = torch::randn({8, 1, 28, 28});
+    x.index_put_({2, 0, 5, 7}, std::numeric_limits<float>::quiet_NaN());
+    return x;
+  }, r2);
+}
+
+TEST(OneDnnBackend, MaxPoolingShapesMatchEager) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(32);
+  struct Case {
+    std::vector<int64_t> kernel, stride, padding;
+    bool ceil;
+    std::vector<int64_t> input;
+  };
+  for (const Case& c : {Case{{3, 3}, {2, 2}, {1, 1}, false, {2, 16, 15, 15}}, Case{{2, 2}, {}, {0, 0}, true, {2, 8, 7, 9}},
+                        Case{{3, 2}, {1, 2}, {1, 0}, false, {3, 5, 6, 6}}, Case{{3, 3}, {2, 2}, {0, 0}, true, {1, 16, 10, 10}}}) {
+    SCOPED_TRACE(::testing::PrintToString(c.kernel) + " stride " + ::testing::PrintToString(c.stride) + " pad " +
+                 ::testing::PrintToString(c.padding) + (c.ceil ? " ceil" : ""));
+    auto m = std::make_shared<FnModule>();
+    m->fn = [c](FnModule&, torch::Tensor x) {
+      return torch::max_pool2d(x, c.kernel, c.stride, c.padding, /*dilation=*/1, c.ceil);
+    };
+    Recorder r;
+    auto input = c.input;
+    expect_matches_eager(m, [input] { return torch::randn(input); }, r);
+    EXPECT_EQ(r.fused(), (std::vector<std::string>{"maxpool"}));
+  }
+  // NaN propagates as in ATen, and -inf padding never wins.
+  auto m = std::make_shared<FnModule>();
+  m->fn = [](FnModule&, torch::Tensor x) { return torch::max_pool2d(x, {3, 3}, {2, 2}, {1, 1}); };
+  Recorder r;
+  expect_matches_eager(m, [] {
+    torch::Tensor x = -torch::rand({2, 16, 9, 9}) - 1;
+    x.index_put_({0, 3, 4, 4}, std::numeric_limits<float>::quiet_NaN());
+    x.index_put_({1, 0, 0, 0}, -std::numeric_limits<float>::infinity());
+    return x;
+  }, r);
+}
+
+// Transposed convolutions are lowered only with TORCHCOMPILE_ONEDNN_DECONV=1 (slower than ATen's here).
+struct DeconvOn {
+  DeconvOn() { setenv("TORCHCOMPILE_ONEDNN_DECONV", "1", 1); }
+  ~DeconvOn() { unsetenv("TORCHCOMPILE_ONEDNN_DECONV"); }
+};
+
+TEST(OneDnnBackend, TransposedConvolutionsOfAGeneratorMatchEager) {
+  DeconvOn on;
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(33);
+  auto up = [](int64_t in, int64_t out, int64_t stride, int64_t pad) {
+    return torch::nn::ConvTranspose2d(torch::nn::ConvTranspose2dOptions(in, out, 4).stride(stride).padding(pad).bias(false));
+  };
+  torch::nn::Sequential net(up(20, 32, 1, 0), torch::nn::BatchNorm2d(32), torch::nn::ReLU(), up(32, 16, 2, 1),
+                            torch::nn::BatchNorm2d(16), torch::nn::ReLU(), up(16, 3, 2, 1), torch::nn::Tanh());
+  for (auto& b : net->buffers())
+    if (b.is_floating_point()) b.uniform_(0.5, 1.5);  // running statistics worth folding
+  net->eval();
+  Recorder r;
+  expect_matches_eager(net, [] { return torch::randn({4, 20, 1, 1}); }, r);
+  EXPECT_EQ(r.fused(), (std::vector<std::string>{"deconv+bn+relu", "deconv+bn+relu", "deconv+tanh"}));
+}
+
+TEST(OneDnnBackend, TransposedConvolutionShapesMatchEager) {
+  DeconvOn on;
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(34);
+  struct Case {
+    int64_t in, out, kernel, stride, padding, output_padding, dilation;
+    bool bias;
+    bool lowered;  // an output padding beyond the padding (oneDNN: a negative padding) stays with ATen
+  };
+  for (const Case& c : {Case{8, 16, 3, 2, 1, 1, 1, true, true}, Case{16, 8, 5, 1, 2, 0, 1, false, true},
+                        Case{4, 6, 3, 3, 0, 2, 1, true, false}, Case{8, 8, 3, 1, 2, 0, 2, true, true}}) {
+    SCOPED_TRACE("in " + std::to_string(c.in) + " out " + std::to_string(c.out) + " k " + std::to_string(c.kernel) +
+                 " stride " + std::to_string(c.stride) + " pad " + std::to_string(c.padding) + " outpad " +
+                 std::to_string(c.output_padding) + " dil " + std::to_string(c.dilation));
+    torch::nn::Sequential net(torch::nn::ConvTranspose2d(torch::nn::ConvTranspose2dOptions(c.in, c.out, c.kernel)
+                                                             .stride(c.stride)
+                                                             .padding(c.padding)
+                                                             .output_padding(c.output_padding)
+                                                             .dilation(c.dilation)
+                                                             .bias(c.bias)),
+                              torch::nn::ReLU());
+    net->eval();
+    Recorder r;
+    expect_matches_eager(net, [&] { return torch::randn({2, c.in, 7, 6}); }, r);
+    if (c.lowered) {
+      EXPECT_EQ(r.fused(), (std::vector<std::string>{c.bias ? "deconv+bias+relu" : "deconv+relu"}))
+          << (r.entries->empty() ? "" : r.entries->at(0).reason);
+    } else {
+      EXPECT_TRUE(r.fused().empty());
+    }
+  }
+  // Without the setting, and grouped, transposed convolutions stay with ATen (and still match).
+  {
+    unsetenv("TORCHCOMPILE_ONEDNN_DECONV");
+    torch::nn::Sequential net(torch::nn::ConvTranspose2d(torch::nn::ConvTranspose2dOptions(4, 4, 3).stride(2)));
+    Recorder off;
+    expect_matches_eager(net, [] { return torch::randn({2, 4, 5, 5}); }, off);
+    EXPECT_TRUE(off.fused().empty());
+    setenv("TORCHCOMPILE_ONEDNN_DECONV", "1", 1);
+  }
+  torch::nn::Sequential grouped(
+      torch::nn::ConvTranspose2d(torch::nn::ConvTranspose2dOptions(8, 8, 3).stride(2).groups(2)));
+  Recorder r;
+  expect_matches_eager(grouped, [] { return torch::randn({2, 8, 5, 5}); }, r);
+  EXPECT_TRUE(r.fused().empty());
+}
