@@ -64,6 +64,7 @@ struct Packed {
   std::vector<at::Tensor> snapshots;  // empty unless a source had a gradient when packing
   at::Tensor weight;  // bytes, in the primitive's weights layout
   at::Tensor bias;    // fp32 (convolutions), may be undefined
+  bool nonfinite = false;  // the packed weight or bias holds a NaN or an infinity
 };
 
 class PackedHolder {

@@ -830,3 +830,54 @@ TEST(OneDnnBackend, TransposedConvolutionShapesMatchEager) {
   expect_matches_eager(grouped, [] { return torch::randn({2, 8, 5, 5}); }, r);
   EXPECT_TRUE(r.fused().empty());
 }
+
+// ---- NaN and infinity through fused activations ----------------------------------------------------
+// oneDNN's relu and clip post-ops map NaN to a number; ATen keeps it. A group fusing one runs its
+// nodes through ATen on a call whose inputs (or weights) hold a NaN or an infinity.
+TEST(OneDnnBackend, NonFiniteValuesThroughFusedActivationsMatchEager) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(41);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  auto poison = [&](torch::Tensor x, int64_t which) {
+    auto flat = x.view({-1});
+    if (which == 1) flat[3] = nan;
+    if (which == 2) flat[5] = inf;
+    if (which == 3) flat[7] = -inf;
+    return x;
+  };
+  // Linear + relu / relu6 / clamp, and a residual after the activation.
+  auto m = std::make_shared<FnModule>();
+  auto l1 = m->register_module("l1", torch::nn::Linear(16, 32));
+  auto l2 = m->register_module("l2", torch::nn::Linear(32, 32));
+  auto l3 = m->register_module("l3", torch::nn::Linear(32, 8));
+  m->fn = [=](FnModule&, torch::Tensor x) {
+    torch::Tensor h = torch::relu(l1->forward(x));
+    h = torch::relu6(l2->forward(h)) + h;
+    return torch::clamp(l3->forward(h), -0.5, 0.5);
+  };
+  for (int64_t which : {0, 1, 2, 3}) {
+    SCOPED_TRACE("input case " + std::to_string(which));
+    Recorder r;
+    expect_matches_eager(m, [&] { return poison(torch::randn({4, 16}), which); }, r);
+    EXPECT_EQ(r.fused(), (std::vector<std::string>{"linear+bias+relu", "linear+bias+clamp+add", "linear+bias+clamp"}));
+  }
+  // Convolutions (blocked between them) with BatchNorm folded and relu, a NaN in the input or in a weight.
+  torch::nn::Sequential net(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 16, 3).padding(1)), torch::nn::BatchNorm2d(16),
+                            torch::nn::ReLU(), torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 16, 3).padding(1)),
+                            torch::nn::ReLU());
+  net->eval();
+  for (int64_t which : {0, 1, 2}) {
+    SCOPED_TRACE("conv input case " + std::to_string(which));
+    Recorder r;
+    expect_matches_eager(net, [&] { return poison(torch::randn({2, 3, 8, 8}), which); }, r);
+    EXPECT_EQ(r.fused(), (std::vector<std::string>{"conv+bias+bn+relu", "conv+bias+relu"}));
+  }
+  {
+    Recorder r;
+    auto weight = net[3]->as<torch::nn::Conv2d>()->weight;
+    torch::Tensor saved = weight.clone();
+    weight.view({-1})[11] = nan;  // repacked before the next call
+    expect_matches_eager(net, [] { return torch::randn({2, 3, 8, 8}); }, r);
+    weight.copy_(saved);
+  }
+}
