@@ -257,6 +257,7 @@ std::string make_label(const Group& g, size_t kept) {
 
 struct Reorder;
 struct AtenFallback;
+struct ActOut;
 
 class Compiler {
  public:
@@ -310,6 +311,9 @@ class Compiler {
   bool emit_train_conv(Group& g);
   bool keep_blocked(const Value& v) const;
   PlainIn plain_in(const Value& v);
+  // `out` written as the plain tensor `v` (NCHW): by the primitive itself when its destination
+  // layout `dst` is plain, else into a buffer reordered to plain.
+  void plain_output(ActOut& out, const md_t& dst, const md_t& plain_dst, const Value& v);
   // The ATen path of a group fusing a NaN-losing activation (AtenFallback), or null.
   std::shared_ptr<AtenFallback> make_fallback(const Group& g, size_t kept, const Value& out,
                                               std::vector<uint32_t>& reads);
@@ -1503,6 +1507,17 @@ bool Compiler::emit_linear(Group& g, bool batched) {
 }
 
 
+void Compiler::plain_output(ActOut& out, const md_t& dst, const md_t& plain_dst, const Value& v) {
+  out.slot = new_slot();
+  if (dst == plain_dst) {
+    out.direct = true;
+  } else {
+    out.buffer = add_buffer(dst.get_size());
+    out.to_plain = make_reorder(dst, plain_dst);
+  }
+  locs_[v] = slot_loc(out.slot);
+}
+
 bool fuses_nan_losing_activation(const Group& g, size_t kept) {
   for (size_t i = 0; i < kept; ++i) {
     const PostOp& p = g.post[i];
@@ -1745,14 +1760,7 @@ bool Compiler::emit_conv(Group& g) {
       l.sizes = out_sizes;
       locs_[out] = l;
     } else {
-      s->out.slot = new_slot();
-      if (pd->dst_desc() == plain_dst) {
-        s->out.direct = true;
-      } else {
-        s->out.buffer = add_buffer(pd->dst_desc().get_size());
-        s->out.to_plain = make_reorder(pd->dst_desc(), plain_dst);
-      }
-      locs_[out] = slot_loc(s->out.slot);
+      plain_output(s->out, pd->dst_desc(), plain_dst, out);
     }
     push(std::move(s), std::move(reads));
     return true;
@@ -1920,16 +1928,7 @@ bool Compiler::emit_pool(Group& g) {
     if (src_blocked) f.to_plain = make_reorder(src_md, plain_src);
     s->nan = std::move(f);
   }
-  {
-    s->out.slot = new_slot();
-    if (pd->dst_desc() == plain_dst) {
-      s->out.direct = true;
-    } else {
-      s->out.buffer = add_buffer(pd->dst_desc().get_size());
-      s->out.to_plain = make_reorder(pd->dst_desc(), plain_dst);
-    }
-    locs_[g.out] = slot_loc(s->out.slot);
-  }
+  plain_output(s->out, pd->dst_desc(), plain_dst, g.out);
   push(std::move(s), std::move(reads));
   return true;
 }
