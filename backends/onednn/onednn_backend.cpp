@@ -579,13 +579,15 @@ bool Compiler::match_batched(Node* n, Group& g) {
   return true;
 }
 
-// Transposed convolutions (oneDNN's deconvolution) are lowered only with
-// TORCHCOMPILE_ONEDNN_DECONV=1: on this machine oneDNN 2.6's deconvolution ran a DCGAN generator's
-// layers 0.4-1.2x as fast as ATen's (slow_conv_transpose2d: im2col and OpenBLAS), 2.7x slower in
-// all (the 32->3 channel layer 11x). (Read at each compile.)
+// Transposed convolutions run as oneDNN deconvolutions (channels-last activations) where that
+// wins over ATen: with oneDNN 3 (brgemm kernels; a DCGAN generator 1.2x over LibTorch 2.6's eager,
+// which runs oneDNN deconvolutions itself, but without BatchNorm folded), not with oneDNN 2.6,
+// whose direct kernels ran that generator 2x slower than ATen 1.13's slow_conv_transpose2d.
+// TORCHCOMPILE_ONEDNN_DECONV=1 / 0 overrides. (Read at each compile.)
 bool deconv_enabled() {
   const char* e = std::getenv("TORCHCOMPILE_ONEDNN_DECONV");
-  return e && std::string(e) == "1";
+  if (e && *e) return std::string(e) == "1";
+  return DNNL_VERSION_MAJOR >= 3;
 }
 
 bool Compiler::match_conv(Node* n, Group& g) {
@@ -1630,9 +1632,13 @@ bool Compiler::emit_conv(Group& g) {
     dnnl::primitive prim;
     std::vector<md_t> src_tries, dst_tries;
     if (src_blocked) src_tries.push_back(src_have);
+    // Deconvolutions: oneDNN's fast (brgemm) kernels take channels-last activations (what ATen
+    // 2.x's own oneDNN path uses); with `any` it picks a blocked layout and a much slower kernel.
+    if (g.transposed) src_tries.push_back(md_t({N, IC, IH, IW}, dt::f32, tag::nhwc));
     src_tries.push_back(md_t({N, IC, IH, IW}, dt::f32, tag::any));
     // A destination read by a Winograd convolution is written in that one's layout.
     if (feeds_winograd && OC % 16 == 0) dst_tries.push_back(md_t({N, OC, OH, OW}, dt::f32, tag::nChw16c));
+    if (g.transposed) dst_tries.push_back(md_t({N, OC, OH, OW}, dt::f32, tag::nhwc));
     dst_tries.push_back(dst_any);
     std::vector<dnnl::algorithm> algs;
     if (winograd_candidate(g, os)) algs.push_back(dnnl::algorithm::convolution_winograd);
