@@ -159,15 +159,16 @@ class Minifier {
   bool cut_inputs() {
     bool changed = false;
     auto computed = values();
-    for (ir::Node* n : calls(current_.gm->graph())) {
-      auto it = computed.find(n->name());
+    // By name: an accepted edit replaces the current graph (and its nodes).
+    std::vector<std::string> names;
+    for (ir::Node* n : calls(current_.gm->graph())) names.push_back(n->name());
+    for (const std::string& name : names) {
+      auto it = computed.find(name);
       if (it == computed.end()) continue;
-      const std::string name = n->name();
-      for (size_t j = 0; j < it->second.size() && j < n->num_outputs(); ++j) {
+      for (size_t j = 0; j < it->second.size(); ++j) {
         at::Tensor value = it->second[j];
-        if (!value.defined() || !n->has_uses()) continue;
         ir::Node* live = current_.gm->graph().find_node(name);
-        if (!live || live->uses(j).empty()) continue;
+        if (!value.defined() || !live || j >= live->num_outputs() || live->uses(j).empty()) continue;
         auto edit = [&](ir::GraphModule& gm, std::vector<at::Tensor>& inputs) {
           ir::Graph& g = gm.graph();
           ir::Value v = g.placeholder(name + "_value", ir::TensorMeta::of(value));
