@@ -1020,15 +1020,30 @@ struct ToPlainStep : Step {
 };
 
 // Whether one of `n` floats at `p` has a magnitude whose bits exceed `limit`: 0x7f800000 finds a
-// NaN, 0x7f7fffff a NaN or an infinity. One pass of integer compares, vectorized for AVX-512 and
-// AVX2 (chosen when loaded) and SSE2: ~0.1 ms for 2 M floats here.
-__attribute__((target_clones("avx512f", "avx2", "default"), optimize("O3"))) bool any_magnitude_above(
-    const void* p, size_t n, int32_t limit) {
+// NaN, 0x7f7fffff a NaN or an infinity. One pass of integer compares, vectorized for AVX-512,
+// AVX2 or SSE2, chosen at the first call (~0.1 ms for 2 M floats here). Not GCC's target_clones:
+// its ifunc resolver runs before ThreadSanitizer's runtime is up and crashes the process.
+inline __attribute__((always_inline)) bool magnitude_above(const void* p, size_t n, int32_t limit) {
   typedef int32_t __attribute__((may_alias)) word;  // float data read as integers
   const word* bits = static_cast<const word*>(p);
   int32_t found = 0;
   for (size_t i = 0; i < n; ++i) found |= (bits[i] & 0x7fffffff) > limit;
   return found != 0;
+}
+__attribute__((target("avx512f"), optimize("O3"))) bool magnitude_above_avx512(const void* p, size_t n, int32_t l) {
+  return magnitude_above(p, n, l);
+}
+__attribute__((target("avx2"), optimize("O3"))) bool magnitude_above_avx2(const void* p, size_t n, int32_t l) {
+  return magnitude_above(p, n, l);
+}
+__attribute__((optimize("O3"))) bool magnitude_above_sse2(const void* p, size_t n, int32_t l) {
+  return magnitude_above(p, n, l);
+}
+bool any_magnitude_above(const void* p, size_t n, int32_t limit) {
+  static const auto fn = __builtin_cpu_supports("avx512f") ? magnitude_above_avx512
+                         : __builtin_cpu_supports("avx2")  ? magnitude_above_avx2
+                                                           : magnitude_above_sse2;
+  return fn(p, n, limit);
 }
 
 bool any_nan(const void* p, size_t n) { return any_magnitude_above(p, n, 0x7f800000); }
