@@ -68,11 +68,8 @@ CompiledFn call_backend(const Backend& backend, const std::string& name, GraphMo
   CompiledFn fn;
   try {
     fn = backend(gm, example_inputs);
-  } catch (const c10::Error& e) {
-    record(BackendAttempt::Outcome::Failed, e.what_without_backtrace());
-    throw;
   } catch (const std::exception& e) {
-    record(BackendAttempt::Outcome::Failed, e.what());
+    record(BackendAttempt::Outcome::Failed, repro::detail::error_message(e));
     throw;
   }
   std::string reason = detail::take_decline_reason();
