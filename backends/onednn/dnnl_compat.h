@@ -1,9 +1,10 @@
 // The oneDNN API differences between 2.x (Debian 12: 2.6) and 3.x (Debian 13: 3.7) that the
-// backend meets, in one place. oneDNN 3 removed the operation descriptors (`matmul::desc`, ...):
-// primitive descriptors are built directly from the engine and the memory descriptors, with the
-// attributes as an argument; post-op eltwise lost its scale; `memory::desc::dims()` became
-// `get_dims()`; pooling always takes a dilation. Everything else the backend uses (memory
-// descriptors, reorders, the C execution API, post-ops sum and binary) is the same in both.
+// backend meets, in one place. oneDNN 3 removed the operation descriptors (`matmul::desc`,
+// `lstm_forward::desc`, ...): primitive descriptors are built directly from the engine and the
+// memory descriptors, with the attributes as an argument; post-op eltwise lost its scale;
+// `memory::desc::dims()` became `get_dims()`; pooling always takes a dilation. Everything else the
+// backend uses (memory descriptors, reorders, the C execution API, post-ops sum and binary) is the
+// same in both.
 #pragma once
 
 #include <oneapi/dnnl/dnnl.hpp>
@@ -113,6 +114,40 @@ inline dnnl::pooling_forward::primitive_desc pooling_forward_pd(const dnnl::engi
     if (d != 0) throw dnnl::error(dnnl_unimplemented, "dilated pooling needs oneDNN's pooling_v2 (not used)");
   dnnl::pooling_forward::desc d(prop, alg, src, dst, strides, kernel, pad_l, pad_r);
   return dnnl::pooling_forward::primitive_desc(d, attr, e);
+#endif
+}
+
+/// An LSTM forward (`src_iter_c` / `dst_iter_c`: the cell states).
+inline dnnl::lstm_forward::primitive_desc lstm_forward_pd(const dnnl::engine& e, dnnl::prop_kind prop,
+                                                          dnnl::rnn_direction dir, const md_t& src_layer,
+                                                          const md_t& src_iter, const md_t& src_iter_c,
+                                                          const md_t& wei_layer, const md_t& wei_iter,
+                                                          const md_t& bias, const md_t& dst_layer,
+                                                          const md_t& dst_iter, const md_t& dst_iter_c,
+                                                          const dnnl::primitive_attr& attr) {
+#if DNNL_VERSION_MAJOR >= 3
+  return dnnl::lstm_forward::primitive_desc(e, prop, dir, src_layer, src_iter, src_iter_c, wei_layer, wei_iter, bias,
+                                            dst_layer, dst_iter, dst_iter_c, attr);
+#else
+  dnnl::lstm_forward::desc d(prop, dir, src_layer, src_iter, src_iter_c, wei_layer, wei_iter, bias, dst_layer,
+                             dst_iter, dst_iter_c);
+  return dnnl::lstm_forward::primitive_desc(d, attr, e);
+#endif
+}
+
+/// A linear-before-reset GRU forward (PyTorch's GRU: the reset gate scales W_hn h + b_hn).
+inline dnnl::lbr_gru_forward::primitive_desc lbr_gru_forward_pd(const dnnl::engine& e, dnnl::prop_kind prop,
+                                                                dnnl::rnn_direction dir, const md_t& src_layer,
+                                                                const md_t& src_iter, const md_t& wei_layer,
+                                                                const md_t& wei_iter, const md_t& bias,
+                                                                const md_t& dst_layer, const md_t& dst_iter,
+                                                                const dnnl::primitive_attr& attr) {
+#if DNNL_VERSION_MAJOR >= 3
+  return dnnl::lbr_gru_forward::primitive_desc(e, prop, dir, src_layer, src_iter, wei_layer, wei_iter, bias, dst_layer,
+                                               dst_iter, attr);
+#else
+  dnnl::lbr_gru_forward::desc d(prop, dir, src_layer, src_iter, wei_layer, wei_iter, bias, dst_layer, dst_iter);
+  return dnnl::lbr_gru_forward::primitive_desc(d, attr, e);
 #endif
 }
 

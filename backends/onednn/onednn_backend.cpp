@@ -2,6 +2,7 @@
 
 #include "dnnl_compat.h"
 #include "onednn_runtime.h"
+#include "onednn_rnn.h"
 
 #include <torchcompile/backends/partition.h>
 #include <torchcompile/ir/interpreter.h>
@@ -200,7 +201,7 @@ struct PostOp {
   Value other;  // is_add: the residual
 };
 
-enum class GroupKind { Linear, Batched, Conv, Pool, TrainConv, TrainConvBackward };
+enum class GroupKind { Linear, Batched, Conv, Pool, TrainConv, TrainConvBackward, Rnn };
 
 struct Group {
   GroupKind kind;
@@ -235,6 +236,9 @@ struct Group {
   bool pool_max = false;
   bool ceil_mode = false;
   std::vector<int64_t> kernel;
+  // Rnn: the layer's shape and parameters; the initial states (c0: LSTM only).
+  RnnSpec rnn;
+  std::optional<Value> h0, c0;
 };
 
 std::string make_label(const Group& g, size_t kept) {
@@ -246,6 +250,9 @@ std::string make_label(const Group& g, size_t kept) {
     case GroupKind::Pool: s = g.pool_max ? "maxpool" : "avgpool"; break;
     case GroupKind::TrainConv: return "conv (winograd, weights as inputs)";
     case GroupKind::TrainConvBackward: return "conv backward (winograd)";
+    case GroupKind::Rnn:
+      return std::string(g.rnn.gru ? "gru" : "lstm") + " (" + std::to_string(g.rnn.layers) + " layer" +
+             (g.rnn.layers > 1 ? "s" : "") + (g.rnn.dirs == 2 ? ", bidirectional" : "") + ")";
   }
   if (g.bias || g.conv_bias_attr) s += "+bias";
   if (g.has_bn) s += "+bn";
@@ -291,6 +298,7 @@ class Compiler {
   bool match_conv(Node* n, Group& g);
   bool match_pool(Node* n, Group& g);
   bool match_train_conv(Node* n, Group& g);
+  bool match_rnn(Node* n, Group& g);
   void extend_chain(Group& g);
   bool sole_use(const Value& v, ir::Use* use) const;
   bool claimed(const Node* n) const { return claimed_.count(n) != 0; }
@@ -309,6 +317,7 @@ class Compiler {
   bool emit_conv(Group& g);
   bool emit_pool(Group& g);
   bool emit_train_conv(Group& g);
+  bool emit_rnn(Group& g);
   bool keep_blocked(const Value& v) const;
   PlainIn plain_in(const Value& v);
   // `out` written as the plain tensor `v` (NCHW): by the primitive itself when its destination
@@ -857,6 +866,85 @@ bool Compiler::match_pool(Node* n, Group& g) {
   return true;
 }
 
+// aten::lstm.input(input, hx[], params[], has_biases, num_layers, dropout, train, bidirectional,
+// batch_first) and aten::gru.input (the same with one hx tensor) over fp32 sequences, with the
+// parameters as module attributes (prepacked) and without dropout between layers.
+bool Compiler::match_rnn(Node* n, Group& g) {
+  if (!rnn_enabled() || !is_call(n, {"aten::lstm.input", "aten::gru.input"})) return false;
+  g.kind = GroupKind::Rnn;
+  g.anchor = n;
+  RnnSpec& s = g.rnn;
+  s.gru = n->target() == "aten::gru.input";
+  for (size_t i = 3; i < 9; ++i)
+    if (!scalar_arg(n, i)) return false;
+  s.has_biases = *scalar_arg(n, 3) != 0;
+  s.layers = static_cast<int64_t>(*scalar_arg(n, 4));
+  const bool dropout_active = *scalar_arg(n, 6) != 0 && *scalar_arg(n, 5) != 0 && s.layers > 1;
+  s.dirs = *scalar_arg(n, 7) != 0 ? 2 : 1;
+  s.batch_first = *scalar_arg(n, 8) != 0;
+  if (dropout_active || s.layers < 1) return false;
+  auto x = value_arg(n, 0);
+  if (!x) return false;
+  const TensorMeta& xm = meta(*x);
+  if (!is_f32(xm) || xm.sizes.size() != 3 || !is_contiguous(xm.sizes, xm.strides) || numel(xm.sizes) == 0) return false;
+  s.seq = xm.sizes[s.batch_first ? 1 : 0];
+  s.batch = xm.sizes[s.batch_first ? 0 : 1];
+  s.input_size = xm.sizes[2];
+  // Initial states: (layers * dirs, batch, hidden), contiguous fp32.
+  std::vector<Value> states;
+  if (s.gru) {
+    auto h = value_arg(n, 1);
+    if (!h) return false;
+    states.push_back(*h);
+  } else {
+    if (!arg(n, 1).is_list() || arg(n, 1).list().size() != 2) return false;
+    for (const auto& e : arg(n, 1).list())
+      if (!e || !meta(*e).defined) return false;
+      else states.push_back(*e);
+  }
+  if (meta(states[0]).sizes.size() != 3) return false;
+  s.hidden = meta(states[0]).sizes[2];
+  const std::vector<int64_t> state_sizes{s.layers * s.dirs, s.batch, s.hidden};
+  for (const Value& v : states)
+    if (!is_f32(meta(v)) || meta(v).sizes != state_sizes || !is_contiguous(meta(v).sizes, meta(v).strides)) return false;
+  // Parameters: module attributes of LibTorch's shapes (no projections).
+  if (!arg(n, 2).is_list()) return false;
+  const auto& ps = arg(n, 2).list();
+  const int64_t per = s.params_per_cell(), G = s.gates(), H = s.hidden;
+  if (static_cast<int64_t>(ps.size()) != s.layers * s.dirs * per) return false;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    if (!ps[i]) return false;
+    const at::Tensor* t = attr_of(*ps[i]);
+    if (!t || !t->is_contiguous()) return false;
+    const int64_t layer = static_cast<int64_t>(i) / (s.dirs * per), which = static_cast<int64_t>(i) % per;
+    const int64_t in = layer == 0 ? s.input_size : s.dirs * H;
+    const std::vector<int64_t> want = which == 0 ? std::vector<int64_t>{G * H, in}
+                                      : which == 1 ? std::vector<int64_t>{G * H, H}
+                                                   : std::vector<int64_t>{G * H};
+    if (t->sizes().vec() != want) return false;
+    s.params.push_back(t);
+    g.helpers.push_back(ps[i]->node);
+  }
+  // The states come out contiguous; the sequence output is (T, N, D*H), batch-first as its
+  // transposed view (ATen's layout).
+  for (size_t i = 0; i < n->num_outputs(); ++i) {
+    const TensorMeta& om = meta(n->output(i));
+    if (!is_f32(om)) return false;
+    if (i == 0 && s.batch_first) {
+      std::vector<int64_t> tnc{om.sizes.at(1), om.sizes.at(0), om.sizes.at(2)};
+      if (!is_contiguous(tnc, {om.strides.at(1), om.strides.at(0), om.strides.at(2)})) return false;
+    } else if (!is_contiguous(om.sizes, om.strides)) {
+      return false;
+    }
+  }
+  g.src = *x;
+  g.h0 = states[0];
+  if (!s.gru) g.c0 = states[1];
+  g.head.push_back(n);
+  g.base = n->output(0);
+  return true;
+}
+
 void Compiler::extend_chain(Group& g) {
   Value v = g.base;
   size_t adds = 0;
@@ -915,6 +1003,7 @@ void Compiler::match() {
     bool ok = false;
     // Each matcher checks the exact operator and its arguments; the kind picks the matcher.
     switch (ir::node_properties(*n).kind) {
+      case ir::OpKind::Other: ok = match_rnn(n, *g); break;
       case ir::OpKind::Gemm: ok = match_linear(n, *g) || match_batched(n, *g); break;
       case ir::OpKind::Convolution: ok = match_conv(n, *g) || match_train_conv(n, *g); break;
       case ir::OpKind::Pooling:
@@ -1954,6 +2043,21 @@ bool Compiler::emit_pool(Group& g) {
   return true;
 }
 
+bool Compiler::emit_rnn(Group& g) {
+  Node* n = g.anchor;
+  std::vector<uint32_t> outs;
+  for (size_t i = 0; i < n->num_outputs(); ++i) outs.push_back(new_slot());
+  PlainIn x = plain_in(g.src), h0 = plain_in(*g.h0);
+  std::optional<PlainIn> c0;
+  if (g.c0) c0 = plain_in(*g.c0);
+  std::vector<uint32_t> reads{x.slot, h0.slot};
+  if (c0) reads.push_back(c0->slot);
+  auto step = make_rnn_step(g.rnn, std::move(x), std::move(h0), std::move(c0), outs);
+  for (size_t i = 0; i < n->num_outputs(); ++i) locs_[n->output(i)] = slot_loc(outs[i]);
+  push(std::move(step), std::move(reads));
+  return true;
+}
+
 bool Compiler::emit_group(Group& g) {
   try {
     switch (g.kind) {
@@ -1963,6 +2067,7 @@ bool Compiler::emit_group(Group& g) {
       case GroupKind::Pool: return emit_pool(g);
       case GroupKind::TrainConv:
       case GroupKind::TrainConvBackward: return emit_train_conv(g);
+      case GroupKind::Rnn: return emit_rnn(g);
     }
   } catch (const dnnl::error&) {
   }

@@ -20,10 +20,10 @@
 //             b.sum() < 0: every call takes the `b = b * -1` branch (a graph break whose
 //             continuation is cached after the warm-up)
 //   M8        50 chained tiny ops cycling x+0.5, x*0.9, relu, sin on (8, 8)
-//   DCGAN, MNIST, LSTM-LM, BiLSTM
+//   DCGAN, MNIST, LSTM-LM, BiLSTM, BiGRU
 //             layers real C++ programs use (see their definitions below): a DCGAN generator
 //             (ConvTranspose2d), an MNIST CNN (max pooling, dropout), an LSTM language model and a
-//             bidirectional LSTM classifier; eval()
+//             bidirectional LSTM and a batch-first bidirectional GRU classifier; eval()
 // Inference rows run under torch::NoGradGuard. A training step sets every gradient to none
 // (PyTorch 2's zero_grad default), runs the compiled (or eager) forward including the loss, and
 // calls backward() on the loss: for the compiled modes the loss is part of the compiled module.
@@ -159,17 +159,23 @@ struct MnistImpl : torch::nn::Module {
 
 // LSTM-LM: Embedding(10000,128)-LSTM(128,256,2 layers)-Linear(256,10000) on tokens (32 steps, 16).
 // BiLSTM: Embedding(10000,128)-bidirectional LSTM(128,256,2 layers)-Linear(512,2) on the last step.
+// BiGRU: the same classifier with a batch-first bidirectional GRU on tokens (16, 32 steps).
 struct LstmImpl : torch::nn::Module {
   torch::nn::Embedding embed{nullptr};
   torch::nn::LSTM lstm{nullptr};
+  torch::nn::GRU gru{nullptr};
   torch::nn::Linear head{nullptr};
   bool classifier;
-  explicit LstmImpl(bool bidirectional) : classifier(bidirectional) {
+  explicit LstmImpl(bool bidirectional, bool use_gru = false) : classifier(bidirectional) {
     embed = register_module("embed", torch::nn::Embedding(10000, 128));
-    lstm = register_module("lstm", torch::nn::LSTM(torch::nn::LSTMOptions(128, 256).num_layers(2).bidirectional(bidirectional)));
+    if (use_gru)
+      gru = register_module("gru", torch::nn::GRU(torch::nn::GRUOptions(128, 256).num_layers(2).bidirectional(true).batch_first(true)));
+    else
+      lstm = register_module("lstm", torch::nn::LSTM(torch::nn::LSTMOptions(128, 256).num_layers(2).bidirectional(bidirectional)));
     head = register_module("head", torch::nn::Linear(bidirectional ? 512 : 256, bidirectional ? 2 : 10000));
   }
   torch::Tensor forward(torch::Tensor tokens) {
+    if (gru) return head(std::get<0>(gru->forward(embed(tokens))).select(1, -1));
     torch::Tensor h = std::get<0>(lstm->forward(embed(tokens)));
     return head(classifier ? h[-1] : h);
   }
@@ -372,6 +378,12 @@ const std::vector<Row>& rows() {
          auto m = std::make_shared<LstmImpl>(true);
          m->eval();
          return module_instance(m, false, torch::randint(0, 10000, {32, 16}, torch::kLong));
+       }},
+      {"BiGRU", "BiGRU classifier 2x256 (16,32)", false,
+       [] {
+         auto m = std::make_shared<LstmImpl>(true, true);
+         m->eval();
+         return module_instance(m, false, torch::randint(0, 10000, {16, 32}, torch::kLong));
        }},
   };
   return rs;

@@ -9,6 +9,8 @@
 
 #include <atomic>
 #include <functional>
+#include <limits>
+#include <random>
 #include <thread>
 
 namespace {
@@ -880,4 +882,106 @@ TEST(OneDnnBackend, NonFiniteValuesThroughFusedActivationsMatchEager) {
     expect_matches_eager(net, [] { return torch::randn({2, 3, 8, 8}); }, r);
     weight.copy_(saved);
   }
+}
+
+// ---- LSTM and GRU layers as oneDNN RNN primitives ------------------------------------------------
+// A random stack (cell, layers, directions, batch-first, biases, sizes; zero or given initial
+// states) compiled by onednn against eager: the sequence output and the final states, after an
+// in-place update of a weight (repacked), with a NaN and infinities in the input.
+struct RnnNet : torch::nn::Module {
+  bool gru = false, given_states = false;
+  torch::nn::LSTM lstm{nullptr};
+  torch::nn::GRU gru_layer{nullptr};
+  torch::Tensor h0, c0;
+  std::vector<torch::Tensor> flat_weights() {
+    std::vector<torch::Tensor> w;
+    for (auto& p : parameters()) w.push_back(p);
+    return w;
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    if (gru) {
+      auto r = given_states ? gru_layer->forward(x, h0) : gru_layer->forward(x);
+      return torch::cat({std::get<0>(r).flatten(), std::get<1>(r).flatten()});
+    }
+    auto r = given_states ? lstm->forward(x, std::make_tuple(h0, c0)) : lstm->forward(x);
+    auto states = std::get<1>(r);
+    return torch::cat({std::get<0>(r).flatten(), std::get<0>(states).flatten(), std::get<1>(states).flatten()});
+  }
+};
+
+TEST(OneDnnBackend, RandomLstmAndGruStacksMatchEager) {
+  torch::NoGradGuard no_grad;
+  std::mt19937 rng(2026);
+  auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (int trial = 0; trial < 16; ++trial) {
+    torch::manual_seed(trial);
+    auto net = std::make_shared<RnnNet>();
+    net->gru = trial % 2 == 1;
+    const int64_t layers = pick(1, 3), in = pick(1, 24), hidden = pick(1, 40), seq = pick(1, 9), batch = pick(1, 5);
+    const bool bidir = pick(0, 1), batch_first = pick(0, 1), bias = pick(0, 3) != 0;
+    net->given_states = pick(0, 1);
+    const int64_t dirs = bidir ? 2 : 1;
+    std::string what = std::string(net->gru ? "gru" : "lstm") + " layers " + std::to_string(layers) + " in " +
+                       std::to_string(in) + " hidden " + std::to_string(hidden) + " seq " + std::to_string(seq) +
+                       " batch " + std::to_string(batch) + (bidir ? " bidirectional" : "") +
+                       (batch_first ? " batch_first" : "") + (bias ? "" : " no-bias") +
+                       (net->given_states ? " given states" : "");
+    SCOPED_TRACE(what);
+    if (net->gru)
+      net->gru_layer = net->register_module(
+          "gru", torch::nn::GRU(torch::nn::GRUOptions(in, hidden).num_layers(layers).bidirectional(bidir)
+                                    .batch_first(batch_first).bias(bias).dropout(layers > 1 ? 0.5 : 0.0)));
+    else
+      net->lstm = net->register_module(
+          "lstm", torch::nn::LSTM(torch::nn::LSTMOptions(in, hidden).num_layers(layers).bidirectional(bidir)
+                                      .batch_first(batch_first).bias(bias).dropout(layers > 1 ? 0.5 : 0.0)));
+    net->h0 = net->register_buffer("h0", torch::randn({layers * dirs, batch, hidden}));
+    net->c0 = net->register_buffer("c0", torch::randn({layers * dirs, batch, hidden}));
+    net->eval();  // dropout between layers only in training
+    std::vector<int64_t> xs = batch_first ? std::vector<int64_t>{batch, seq, in} : std::vector<int64_t>{seq, batch, in};
+    Recorder r;
+    auto fast = torch::compile(net, opts(r));
+    for (int call = 0; call < 4; ++call) {
+      torch::Tensor x = torch::randn(xs);
+      if (call == 2) net->flat_weights()[pick(0, static_cast<int64_t>(net->flat_weights().size()) - 1)].mul_(-0.5);
+      if (call == 3) {
+        x.view({-1})[pick(0, x.numel() - 1)] = nan;
+        x.view({-1})[pick(0, x.numel() - 1)] = inf;
+        x.view({-1})[pick(0, x.numel() - 1)] = -inf;
+      }
+      torch::Tensor expected = net->forward(x), actual = fast(x);
+      EXPECT_TRUE(tc_test::tensors_close(expected, actual, kRtol, kAtol)) << "call " << call;
+    }
+    std::string label = std::string(net->gru ? "gru" : "lstm") + " (" + std::to_string(layers) + " layer" +
+                        (layers > 1 ? "s" : "") + (bidir ? ", bidirectional" : "") + ")";
+    EXPECT_EQ(r.fused(), (std::vector<std::string>{label}));
+  }
+}
+
+TEST(OneDnnBackend, RnnLayersOutsideTheLoweringStayWithATen) {
+  torch::manual_seed(51);
+  // Dropout between layers in training mode, and TORCHCOMPILE_ONEDNN_RNN=0.
+  auto net = std::make_shared<RnnNet>();
+  net->lstm = net->register_module("lstm", torch::nn::LSTM(torch::nn::LSTMOptions(6, 8).num_layers(2).dropout(0.3)));
+  torch::NoGradGuard no_grad;
+  {
+    Recorder r;
+    auto fast = torch::compile(net, opts(r));
+    torch::Tensor x = torch::randn({5, 2, 6});
+    torch::manual_seed(1);
+    torch::Tensor expected = net->forward(x);
+    torch::manual_seed(1);
+    EXPECT_TRUE(tc_test::tensors_close(expected, fast(x), kRtol, kAtol));
+    EXPECT_TRUE(r.fused().empty());
+  }
+  net->eval();
+  setenv("TORCHCOMPILE_ONEDNN_RNN", "0", 1);
+  Recorder off;
+  expect_matches_eager(net, [] { return torch::randn({5, 2, 6}); }, off);
+  EXPECT_TRUE(off.fused().empty());
+  unsetenv("TORCHCOMPILE_ONEDNN_RNN");
+  Recorder on;
+  expect_matches_eager(net, [] { return torch::randn({5, 2, 6}); }, on);
+  EXPECT_EQ(on.fused(), (std::vector<std::string>{"lstm (2 layers)"}));
 }
