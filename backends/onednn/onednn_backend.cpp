@@ -1140,9 +1140,17 @@ bool any_nan(const void* p, size_t n) { return any_magnitude_above(p, n, 0x7f800
 // Whether `n` floats at `p` hold a NaN or an infinity.
 bool any_nonfinite(const void* p, size_t n) { return any_magnitude_above(p, n, 0x7f7fffff); }
 
+// Scans the floats between the tensor's first and last element: exactly its elements when its
+// layout is dense (contiguous, or a transposed / permuted weight as training graphs pass them);
+// for a view with gaps of at most 3x its size, those gaps too, which can only send a call to the
+// ATen path, never keep it from it. Other tensors go through ATen's isfinite (several kernels).
 bool any_nonfinite(const at::Tensor& t) {
-  if (!t.defined()) return false;
-  if (t.is_contiguous()) return any_nonfinite(t.data_ptr(), static_cast<size_t>(t.numel()));
+  if (!t.defined() || t.numel() == 0) return false;
+  if (t.scalar_type() == at::kFloat) {
+    int64_t span = 1;
+    for (int64_t d = 0; d < t.dim(); ++d) span += (t.size(d) - 1) * t.stride(d);  // ATen strides are >= 0
+    if (span <= 4 * t.numel()) return any_nonfinite(t.data_ptr(), static_cast<size_t>(span));
+  }
   return !at::isfinite(t).all().item<bool>();
 }
 
