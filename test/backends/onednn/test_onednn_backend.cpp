@@ -882,6 +882,23 @@ TEST(OneDnnBackend, NonFiniteValuesThroughFusedActivationsMatchEager) {
     expect_matches_eager(net, [] { return torch::randn({2, 3, 8, 8}); }, r);
     weight.copy_(saved);
   }
+  // Weights as inputs (as training graphs pass them): transposed, and a view with gaps.
+  auto relu_mm = [](torch::Tensor x, torch::Tensor w) { return torch::relu(x.mm(w.t())); };
+  auto relu_mm_strided = [](torch::Tensor x, torch::Tensor w) { return torch::relu(x.mm(w.t().slice(1, 0, 8, 2))); };
+  for (int64_t which : {0, 1, 2, 3}) {
+    SCOPED_TRACE("weight input case " + std::to_string(which));
+    Recorder r, rs;
+    auto fast = torch::compile(relu_mm, opts(r));
+    auto fast_strided = torch::compile(relu_mm_strided, opts(rs));
+    for (int call = 0; call < 2; ++call) {
+      torch::Tensor x = torch::randn({4, 16}), w = poison(torch::randn({24, 16}), which);
+      EXPECT_TRUE(tc_test::tensors_close(relu_mm(x, w), fast(x, w), kRtol, kAtol));
+      torch::Tensor w8 = torch::randn({8, 16});
+      w8.view({-1})[2 * 16 + 3] = which ? nan : 1.f;  // in a row the strided view keeps
+      EXPECT_TRUE(tc_test::tensors_close(relu_mm_strided(x, w8), fast_strided(x, w8), kRtol, kAtol));
+    }
+    EXPECT_EQ(r.fused(), (std::vector<std::string>{"linear+relu"}));
+  }
 }
 
 // ---- LSTM and GRU layers as oneDNN RNN primitives ------------------------------------------------
