@@ -1002,3 +1002,40 @@ TEST(OneDnnBackend, RnnLayersOutsideTheLoweringStayWithATen) {
   expect_matches_eager(net, [] { return torch::randn({5, 2, 6}); }, on);
   EXPECT_EQ(on.fused(), (std::vector<std::string>{"lstm (2 layers)"}));
 }
+
+// One compiled LSTM + GRU stack called from four threads at once (shared primitives and packs;
+// each call its own memory objects and scratchpad).
+TEST(OneDnnBackend, RnnFourThreadsAtOnceMatchEager) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(52);
+  auto m = std::make_shared<FnModule>();
+  auto lstm = m->register_module("lstm", torch::nn::LSTM(torch::nn::LSTMOptions(6, 12).num_layers(2).bidirectional(true)));
+  auto gru = m->register_module("gru", torch::nn::GRU(torch::nn::GRUOptions(24, 8).batch_first(true)));
+  m->fn = [lstm, gru](FnModule&, torch::Tensor x) {
+    torch::Tensor h = std::get<0>(lstm->forward(x));
+    return std::get<0>(gru->forward(h.transpose(0, 1).contiguous()));
+  };
+  m->eval();
+  Recorder r;
+  auto fast = torch::compile(m, opts(r));
+  std::vector<torch::Tensor> inputs, expected;
+  for (int i = 0; i < 8; ++i) {
+    inputs.push_back(torch::randn({7, 3, 6}));
+    expected.push_back(m->forward(inputs.back()));
+  }
+  fast(inputs[0]);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      torch::NoGradGuard ng;
+      for (int i = 0; i < 25; ++i) {
+        size_t k = (t + i) % inputs.size();
+        if (!torch::allclose(expected[k], fast(inputs[k]), kRtol, kAtol)) ++failures;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(r.fused(), (std::vector<std::string>{"lstm (2 layers, bidirectional)", "gru (1 layer)"}));
+}
