@@ -524,6 +524,26 @@ TEST(OneDnnBackend, ModelM5MatchesEager) {
   EXPECT_EQ(r.fused(), (std::vector<std::string>{"linear+bias+gelu", "linear+bias+add"}));
 }
 
+// After a first call, four threads call `fast` 25 times each on the inputs (rotating), all at once.
+template <typename F>
+void expect_four_threads_match(F& fast, const std::vector<torch::Tensor>& inputs,
+                               const std::vector<torch::Tensor>& expected) {
+  fast(inputs[0]);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      torch::NoGradGuard ng;
+      for (int i = 0; i < 25; ++i) {
+        size_t k = (t + i) % inputs.size();
+        if (!torch::allclose(expected[k], fast(inputs[k]), kRtol, kAtol)) ++failures;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
 TEST(OneDnnBackend, FourThreadsAtOnceMatchEager) {
   torch::NoGradGuard no_grad;
   torch::manual_seed(15);
@@ -543,20 +563,7 @@ TEST(OneDnnBackend, FourThreadsAtOnceMatchEager) {
     inputs.push_back(torch::randn({3, 4, 10, 10}));
     expected.push_back(m->forward(inputs.back()));
   }
-  fast(inputs[0]);
-  std::atomic<int> failures{0};
-  std::vector<std::thread> threads;
-  for (int t = 0; t < 4; ++t) {
-    threads.emplace_back([&, t] {
-      torch::NoGradGuard ng;
-      for (int i = 0; i < 25; ++i) {
-        size_t k = (t + i) % inputs.size();
-        if (!torch::allclose(expected[k], fast(inputs[k]), kRtol, kAtol)) ++failures;
-      }
-    });
-  }
-  for (auto& th : threads) th.join();
-  EXPECT_EQ(failures.load(), 0);
+  expect_four_threads_match(fast, inputs, expected);
   EXPECT_EQ(r.fused(), (std::vector<std::string>{"conv+bias+relu", "conv+bias+add+relu", "avgpool", "linear+bias+gelu"}));
 }
 
@@ -1023,19 +1030,6 @@ TEST(OneDnnBackend, RnnFourThreadsAtOnceMatchEager) {
     inputs.push_back(torch::randn({7, 3, 6}));
     expected.push_back(m->forward(inputs.back()));
   }
-  fast(inputs[0]);
-  std::atomic<int> failures{0};
-  std::vector<std::thread> threads;
-  for (int t = 0; t < 4; ++t) {
-    threads.emplace_back([&, t] {
-      torch::NoGradGuard ng;
-      for (int i = 0; i < 25; ++i) {
-        size_t k = (t + i) % inputs.size();
-        if (!torch::allclose(expected[k], fast(inputs[k]), kRtol, kAtol)) ++failures;
-      }
-    });
-  }
-  for (auto& th : threads) th.join();
-  EXPECT_EQ(failures.load(), 0);
+  expect_four_threads_match(fast, inputs, expected);
   EXPECT_EQ(r.fused(), (std::vector<std::string>{"lstm (2 layers, bidirectional)", "gru (1 layer)"}));
 }
