@@ -235,6 +235,7 @@ struct Group {
   // Pool: max (else average) with this kernel (also uses stride, padding, dilation)
   bool pool_max = false;
   bool ceil_mode = false;
+  bool count_include_pad = false;  // average pooling: divide by the window including padding
   std::vector<int64_t> kernel;
   // Rnn: the layer's shape and parameters; the initial states (c0: LSTM only).
   RnnSpec rnn;
@@ -830,6 +831,34 @@ bool Compiler::match_pool(Node* n, Group& g) {
     if (!ceil) return false;
     g.ceil_mode = *ceil != 0.0;
     g.pool_max = true;
+    g.src = *x;
+    g.head.push_back(n);
+    g.base = n->output(0);
+    return true;
+  }
+  // Average pooling: avg_pool2d(self, kernel_size, stride, padding, ceil_mode, count_include_pad,
+  // divisor_override) without a divisor override. ATen divides by the window clipped to the
+  // padded input (count_include_pad) or to the input (oneDNN's include / exclude padding), except
+  // that the window ceil_mode adds past the padding is not counted by ATen: that case stays with it.
+  if (is_call(n, {"aten::avg_pool2d"})) {
+    for (size_t i = 1; i < 4; ++i)
+      if (!arg(n, i).is_constant() || !int_list(arg(n, i).constant())) return false;
+    g.kernel = pair_of(*int_list(arg(n, 1).constant()));
+    std::vector<int64_t> st = *int_list(arg(n, 2).constant());
+    g.stride = st.empty() ? g.kernel : pair_of(st);
+    g.padding = pair_of(*int_list(arg(n, 3).constant()));
+    g.dilation = {1, 1};
+    auto ceil = arg(n, 4).is_constant() ? scalar_arg(n, 4) : std::nullopt;
+    auto include = arg(n, 5).is_constant() ? scalar_arg(n, 5) : std::nullopt;
+    if (!ceil || !include || !none_arg(n, 6) || g.kernel.size() != 2 || g.stride.size() != 2 || g.padding.size() != 2)
+      return false;
+    const TensorMeta& om = meta(n->output(0));
+    if (!is_f32(om) || om.sizes.size() != 4 || !is_contiguous(om.sizes, om.strides) || numel(om.sizes) == 0) return false;
+    g.ceil_mode = *ceil != 0.0;
+    g.count_include_pad = *include != 0.0;
+    if (g.count_include_pad)
+      for (size_t d = 0; d < 2; ++d)
+        if ((om.sizes[d + 2] - 1) * g.stride[d] + g.kernel[d] > xm.sizes[d + 2] + 2 * g.padding[d]) return false;
     g.src = *x;
     g.head.push_back(n);
     g.base = n->output(0);
@@ -1996,8 +2025,8 @@ bool Compiler::emit_pool(Group& g) {
   const TensorMeta& xm = meta(g.src);
   const int64_t N = xm.sizes[0], C = xm.sizes[1], H = xm.sizes[2], W = xm.sizes[3];
   // The output's 4-D sizes (global average pooling may have flattened them).
-  const std::vector<int64_t> os4 =
-      g.pool_max ? meta(g.base).sizes : std::vector<int64_t>{N, C, 1, 1};
+  const bool global = is_call(g.anchor, {"aten::adaptive_avg_pool2d", "aten::mean.dim"});
+  const std::vector<int64_t> os4 = global ? std::vector<int64_t>{N, C, 1, 1} : meta(g.base).sizes;
   auto sit = locs_.find(g.src);
   bool src_blocked = sit != locs_.end() && sit->second.kind == Loc::Blocked;
   md_t plain_src({N, C, H, W}, dt::f32, tag::nchw);
@@ -2013,7 +2042,10 @@ bool Compiler::emit_pool(Group& g) {
   try {
     pd.emplace(compat::pooling_forward_pd(
         cpu_engine(), dnnl::prop_kind::forward_inference,
-        g.pool_max ? dnnl::algorithm::pooling_max : dnnl::algorithm::pooling_avg_exclude_padding, src_md, dst_any,
+        g.pool_max            ? dnnl::algorithm::pooling_max
+        : g.count_include_pad ? dnnl::algorithm::pooling_avg_include_padding
+                              : dnnl::algorithm::pooling_avg_exclude_padding,
+        src_md, dst_any,
         {g.stride[0], g.stride[1]}, {g.kernel[0], g.kernel[1]}, {0, 0}, {g.padding[0], g.padding[1]}, pad_r,
         user_scratchpad_attr()));
   } catch (const dnnl::error&) {

@@ -776,6 +776,53 @@ struct DeconvOn {
   ~DeconvOn() { unsetenv("TORCHCOMPILE_ONEDNN_DECONV"); }
 };
 
+// Random average poolings (kernel, stride, padding, ceil_mode, count_include_pad) against eager;
+// the ceil_mode window past the padding with count_include_pad stays with ATen (its divisor
+// differs from oneDNN's), as does a divisor override.
+TEST(OneDnnBackend, RandomAveragePoolingsMatchEager) {
+  torch::NoGradGuard no_grad;
+  std::mt19937 rng(35);
+  auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  int lowered = 0, declined = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    torch::manual_seed(trial);
+    const std::vector<int64_t> kernel{pick(1, 4), pick(1, 4)};
+    const std::vector<int64_t> stride{pick(1, 3), pick(1, 3)};
+    const std::vector<int64_t> padding{pick(0, kernel[0] / 2), pick(0, kernel[1] / 2)};
+    const bool ceil = pick(0, 1), include = pick(0, 1);
+    const std::vector<int64_t> input{pick(1, 3), pick(1, 20), pick(kernel[0], 13), pick(kernel[1], 13)};
+    SCOPED_TRACE(::testing::PrintToString(kernel) + " stride " + ::testing::PrintToString(stride) + " pad " +
+                 ::testing::PrintToString(padding) + (ceil ? " ceil" : "") + (include ? " count_include_pad" : "") +
+                 " input " + ::testing::PrintToString(input));
+    auto m = std::make_shared<FnModule>();
+    m->fn = [=](FnModule&, torch::Tensor x) { return torch::avg_pool2d(x, kernel, stride, padding, ceil, include); };
+    Recorder r;
+    expect_matches_eager(m, [input] { return torch::randn(input); }, r, 2);
+    // Whether the last window reaches past the padded input (then ATen's divisor is smaller).
+    bool overhang = false;
+    for (size_t d = 0; d < 2; ++d) {
+      const int64_t in = input[d + 2] + 2 * padding[d] - kernel[d];
+      int64_t out = (ceil ? (in + stride[d] - 1) / stride[d] : in / stride[d]) + 1;
+      if (ceil && (out - 1) * stride[d] >= input[d + 2] + padding[d]) --out;
+      overhang |= (out - 1) * stride[d] + kernel[d] > input[d + 2] + 2 * padding[d];
+    }
+    if (include && overhang) {
+      EXPECT_TRUE(r.fused().empty());
+      ++declined;
+    } else {
+      EXPECT_EQ(r.fused(), (std::vector<std::string>{"avgpool"}));
+      ++lowered;
+    }
+  }
+  EXPECT_GT(lowered, 10);
+  EXPECT_GT(declined, 0);
+  auto m = std::make_shared<FnModule>();
+  m->fn = [](FnModule&, torch::Tensor x) { return torch::avg_pool2d(x, {2, 2}, {2, 2}, {0, 0}, false, true, 3); };
+  Recorder r;
+  expect_matches_eager(m, [] { return torch::randn({2, 4, 6, 6}); }, r);
+  EXPECT_TRUE(r.fused().empty());
+}
+
 TEST(OneDnnBackend, TransposedConvolutionsOfAGeneratorMatchEager) {
   DeconvOn on;
   torch::NoGradGuard no_grad;
