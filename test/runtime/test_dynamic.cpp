@@ -121,6 +121,26 @@ TEST_P(DynamicBackends, DynamicTrueConvNetBatchAndImageSizeCompilesOnce) {
   EXPECT_EQ(fast.state().num_entries(), 1u);
 }
 
+// nn::LSTM reads its input's batch and feature sizes in host code, not the sequence length: one
+// entry serves every length (with `onednn` and `default`, an RNN primitive per length).
+TEST_P(DynamicBackends, LstmSequenceLengthCompilesOnce) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(7);
+  torch::nn::LSTM lstm(torch::nn::LSTMOptions(16, 24).num_layers(2).bidirectional(true));
+  lstm->eval();
+  auto lstm_out = [&](torch::Tensor x) { return std::get<0>(lstm->forward(x)); };
+  for (bool automatic : {false, true}) {
+    SCOPED_TRACE(automatic ? "automatic dynamic" : "dynamic = true");
+    auto opts = torchcompile::CompileOptions(GetParam());
+    if (!automatic) opts = opts.with_dynamic(true);
+    auto fast = torch::compile(lstm_out, opts);
+    expect_matches_at_random_sizes(fast, lstm_out,
+                                   [](std::mt19937& rng) { return torch::randn({random_size(rng, 2, 40), 3, 16}); },
+                                   20, 4);
+    EXPECT_EQ(fast.state().num_entries(), automatic ? 2u : 1u);
+  }
+}
+
 TEST_P(DynamicBackends, MarkDynamicCompilesOnce) {
   torch::NoGradGuard no_grad;
   auto net = std::make_shared<Mlp>();
