@@ -805,6 +805,22 @@ bool Compiler::match_train_conv(Node* n, Group& g) {
   return true;
 }
 
+// Kernel, stride (empty: the kernel's), padding and ceil_mode of a 2-D pooling node (arguments
+// 1-3 and `ceil_arg`) whose output is a plain, non-empty 4-D fp32 tensor.
+bool read_pool_window(Node* n, Group& g, size_t ceil_arg) {
+  for (size_t i = 1; i < 4; ++i)
+    if (!arg(n, i).is_constant() || !int_list(arg(n, i).constant())) return false;
+  g.kernel = pair_of(*int_list(arg(n, 1).constant()));
+  std::vector<int64_t> st = *int_list(arg(n, 2).constant());
+  g.stride = st.empty() ? g.kernel : pair_of(st);
+  g.padding = pair_of(*int_list(arg(n, 3).constant()));
+  auto ceil = arg(n, ceil_arg).is_constant() ? scalar_arg(n, ceil_arg) : std::nullopt;
+  if (!ceil || g.kernel.size() != 2 || g.stride.size() != 2 || g.padding.size() != 2) return false;
+  g.ceil_mode = *ceil != 0.0;
+  const TensorMeta& om = meta(n->output(0));
+  return is_f32(om) && om.sizes.size() == 4 && is_contiguous(om.sizes, om.strides) && numel(om.sizes) != 0;
+}
+
 bool Compiler::match_pool(Node* n, Group& g) {
   g.kind = GroupKind::Pool;
   g.anchor = n;
@@ -816,20 +832,9 @@ bool Compiler::match_pool(Node* n, Group& g) {
   // whose indices nothing reads (LibTorch's max_pool2d without grad), or max_pool2d itself.
   if (is_call(n, {"aten::max_pool2d_with_indices", "aten::max_pool2d"})) {
     if (n->target() == "aten::max_pool2d_with_indices" && !n->uses(1).empty()) return false;
-    for (size_t i = 1; i < 5; ++i)
-      if (!arg(n, i).is_constant() || !int_list(arg(n, i).constant())) return false;
-    g.kernel = pair_of(*int_list(arg(n, 1).constant()));
-    std::vector<int64_t> st = *int_list(arg(n, 2).constant());
-    g.stride = st.empty() ? g.kernel : pair_of(st);
-    g.padding = pair_of(*int_list(arg(n, 3).constant()));
+    if (!arg(n, 4).is_constant() || !int_list(arg(n, 4).constant())) return false;
     g.dilation = pair_of(*int_list(arg(n, 4).constant()));
-    if (g.kernel.size() != 2 || g.stride.size() != 2 || g.padding.size() != 2 || g.dilation != std::vector<int64_t>{1, 1})
-      return false;
-    const TensorMeta& om = meta(n->output(0));
-    if (!is_f32(om) || om.sizes.size() != 4 || !is_contiguous(om.sizes, om.strides) || numel(om.sizes) == 0) return false;
-    auto ceil = arg(n, 5).is_constant() ? scalar_arg(n, 5) : std::nullopt;
-    if (!ceil) return false;
-    g.ceil_mode = *ceil != 0.0;
+    if (g.dilation != std::vector<int64_t>{1, 1} || !read_pool_window(n, g, 5)) return false;
     g.pool_max = true;
     g.src = *x;
     g.head.push_back(n);
@@ -841,20 +846,10 @@ bool Compiler::match_pool(Node* n, Group& g) {
   // padded input (count_include_pad) or to the input (oneDNN's include / exclude padding), except
   // that the window ceil_mode adds past the padding is not counted by ATen: that case stays with it.
   if (is_call(n, {"aten::avg_pool2d"})) {
-    for (size_t i = 1; i < 4; ++i)
-      if (!arg(n, i).is_constant() || !int_list(arg(n, i).constant())) return false;
-    g.kernel = pair_of(*int_list(arg(n, 1).constant()));
-    std::vector<int64_t> st = *int_list(arg(n, 2).constant());
-    g.stride = st.empty() ? g.kernel : pair_of(st);
-    g.padding = pair_of(*int_list(arg(n, 3).constant()));
     g.dilation = {1, 1};
-    auto ceil = arg(n, 4).is_constant() ? scalar_arg(n, 4) : std::nullopt;
     auto include = arg(n, 5).is_constant() ? scalar_arg(n, 5) : std::nullopt;
-    if (!ceil || !include || !none_arg(n, 6) || g.kernel.size() != 2 || g.stride.size() != 2 || g.padding.size() != 2)
-      return false;
+    if (!include || !none_arg(n, 6) || !read_pool_window(n, g, 4)) return false;
     const TensorMeta& om = meta(n->output(0));
-    if (!is_f32(om) || om.sizes.size() != 4 || !is_contiguous(om.sizes, om.strides) || numel(om.sizes) == 0) return false;
-    g.ceil_mode = *ceil != 0.0;
     g.count_include_pad = *include != 0.0;
     if (g.count_include_pad)
       for (size_t d = 0; d < 2; ++d)
