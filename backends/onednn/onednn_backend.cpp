@@ -1600,11 +1600,7 @@ bool Compiler::emit_linear(Group& g, bool batched) {
         p->nonfinite = any_nonfinite(w);
         md_t user = plain_md(lsz, contiguous_strides(lsz));
         p->weight = at::empty({static_cast<int64_t>(packed_md.get_size()) + 64}, at::kByte);
-        dnnl::memory from(user, cpu_engine(), w.data_ptr());
-        dnnl::memory to(packed_md, cpu_engine(), p->weight.data_ptr());
-        dnnl::stream st(cpu_engine());
-        dnnl::reorder(from, to).execute(st, from, to);
-        st.wait();
+        reorder_now(user, w.data_ptr(), packed_md, p->weight.data_ptr());
         return std::shared_ptr<const Packed>(std::move(p));
       });
     } else {
@@ -1853,11 +1849,7 @@ bool Compiler::emit_conv(Group& g) {
                          : dims{G, W.size(0) / G, W.size(1), W.size(2), W.size(3)};
         md_t user(wd, dt::f32, G == 1 ? tag::oihw : tag::goihw);
         p->weight = at::empty({static_cast<int64_t>(packed_md.get_size()) + 64}, at::kByte);
-        dnnl::memory from(user, cpu_engine(), W.data_ptr());
-        dnnl::memory to(packed_md, cpu_engine(), p->weight.data_ptr());
-        dnnl::stream st(cpu_engine());
-        dnnl::reorder(from, to).execute(st, from, to);
-        st.wait();
+        reorder_now(user, W.data_ptr(), packed_md, p->weight.data_ptr());
         return std::shared_ptr<const Packed>(std::move(p));
       });
     }

@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -23,13 +25,6 @@ struct Layer {
   size_t wei_layer_bytes = 0, wei_iter_bytes = 0;
   std::shared_ptr<PackedHolder> packed;  // weights_layer | weights_iter | bias, in the primitive's layouts
 };
-
-void reorder_into(const md_t& from_md, void* from, const md_t& to_md, void* to) {
-  dnnl::memory a(from_md, cpu_engine(), from), b(to_md, cpu_engine(), to);
-  dnnl::stream st(cpu_engine());
-  dnnl::reorder(a, b).execute(st, a, b);
-  st.wait();
-}
 
 // LibTorch's gate blocks (rows of w_ih / w_hh) in oneDNN's order. LSTM: i, f, g, o in both.
 // GRU: LibTorch r, z, n; oneDNN's linear-before-reset GRU u (= z), r, o (= n).
@@ -69,8 +64,8 @@ std::shared_ptr<const Packed> pack_layer(const RnnSpec& s, const Layer& L, const
   const size_t bias_bytes = L.bias.get_size();
   p->weight = at::empty({static_cast<int64_t>(L.wei_layer_bytes + L.wei_iter_bytes + bias_bytes)}, at::kByte);
   auto* base = static_cast<char*>(p->weight.data_ptr());
-  reorder_into(md_t({1, s.dirs, in, G, H}, dt::f32, tag::ldgoi), wl_user.data_ptr(), L.wei_layer, base);
-  reorder_into(md_t({1, s.dirs, H, G, H}, dt::f32, tag::ldgoi), wi_user.data_ptr(), L.wei_iter,
+  reorder_now(md_t({1, s.dirs, in, G, H}, dt::f32, tag::ldgoi), wl_user.data_ptr(), L.wei_layer, base);
+  reorder_now(md_t({1, s.dirs, H, G, H}, dt::f32, tag::ldgoi), wi_user.data_ptr(), L.wei_iter,
                base + L.wei_layer_bytes);
   std::memcpy(base + L.wei_layer_bytes + L.wei_iter_bytes, b_user.data_ptr(), bias_bytes);
   return p;
@@ -83,6 +78,7 @@ struct RnnStep : Step {
   std::vector<uint32_t> outs;
   std::vector<Layer> layers;
   std::vector<int64_t> out_sizes, state_sizes;
+  size_t scratch_bytes = 0;
 
   void run(Ctx& c) const override {
     at::Tensor tx, th, tc;
@@ -93,6 +89,8 @@ struct RnnStep : Step {
     at::Tensor out = at::empty(out_sizes, f32), hn = at::empty(state_sizes, f32);
     at::Tensor cn = cs ? at::empty(state_sizes, f32) : at::Tensor();
     const int64_t state_floats = spec.dirs * spec.batch * spec.hidden;  // one layer's h (or c)
+    // One scratchpad for the call, as large as the largest layer's (the layers run one by one).
+    at::Tensor scratch = at::empty({static_cast<int64_t>(scratch_bytes) + 1}, at::kByte);
     void* cur = xs.data_ptr();
     at::Tensor mid[2];
     for (size_t l = 0; l < layers.size(); ++l) {
@@ -107,7 +105,6 @@ struct RnnStep : Step {
         dst = mid[l % 2].data_ptr();
       }
       const int64_t off = static_cast<int64_t>(l) * state_floats;
-      at::Tensor scratch = at::empty({static_cast<int64_t>(L.scratch.get_size()) + 1}, at::kByte);
       const dnnl::engine& e = cpu_engine();
       dnnl::memory m_src(L.src, e, cur), m_h(L.src_iter, e, hs.data_ptr<float>() + off),
           m_wl(L.wei_layer, e, w), m_wi(L.wei_iter, e, w + L.wei_layer_bytes),
@@ -162,23 +159,25 @@ std::unique_ptr<Step> make_rnn_step(const RnnSpec& spec, PlainIn x, PlainIn h0, 
     L.src_iter = md_t({1, D, N, H}, dt::f32, tag::ldnc);
     const md_t wl_any({1, D, in, G, H}, dt::f32, tag::any), wi_any({1, D, H, G, H}, dt::f32, tag::any);
     L.bias = md_t({1, D, spec.gru ? G + 1 : G, H}, dt::f32, tag::ldgo);
+    // The layouts the primitive chose (weights) or reports (final state, scratchpad).
+    auto take = [&L](const auto& pd) {
+      L.wei_layer = pd.weights_layer_desc();
+      L.wei_iter = pd.weights_iter_desc();
+      L.dst_iter = pd.dst_iter_desc();
+      L.scratch = pd.scratchpad_desc();
+    };
     if (spec.gru) {
       auto pd = compat::lbr_gru_forward_pd(cpu_engine(), dnnl::prop_kind::forward_inference, dir, L.src, L.src_iter,
                                            wl_any, wi_any, L.bias, L.dst, L.src_iter, attr);
       L.prim = dnnl::lbr_gru_forward(pd);
-      L.wei_layer = pd.weights_layer_desc();
-      L.wei_iter = pd.weights_iter_desc();
-      L.dst_iter = pd.dst_iter_desc();
-      L.scratch = pd.scratchpad_desc();
+      take(pd);
     } else {
       auto pd = compat::lstm_forward_pd(cpu_engine(), dnnl::prop_kind::forward_inference, dir, L.src, L.src_iter,
                                         L.src_iter, wl_any, wi_any, L.bias, L.dst, L.src_iter, L.src_iter, attr);
       L.prim = dnnl::lstm_forward(pd);
-      L.wei_layer = pd.weights_layer_desc();
-      L.wei_iter = pd.weights_iter_desc();
-      L.dst_iter = pd.dst_iter_desc();
-      L.scratch = pd.scratchpad_desc();
+      take(pd);
     }
+    s->scratch_bytes = std::max(s->scratch_bytes, L.scratch.get_size());
     // Packed weights are padded to 64 bytes each so the next part stays aligned.
     L.wei_layer_bytes = (L.wei_layer.get_size() + 63) / 64 * 64;
     L.wei_iter_bytes = (L.wei_iter.get_size() + 63) / 64 * 64;

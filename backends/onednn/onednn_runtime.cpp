@@ -22,6 +22,13 @@ dnnl_stream_t thread_stream() {
 
 }  // namespace
 
+void reorder_now(const dnnl::memory::desc& from_md, void* from, const dnnl::memory::desc& to_md, void* to) {
+  dnnl::memory a(from_md, cpu_engine(), from), b(to_md, cpu_engine(), to);
+  dnnl::stream st(cpu_engine());
+  dnnl::reorder(a, b).execute(st, a, b);
+  st.wait();
+}
+
 const at::Tensor& PlainIn::get(const Ctx& c, at::Tensor& tmp) const {
   const at::Tensor& t = c.slots[slot];
   if (C10_LIKELY(t.scalar_type() == at::kFloat && t.sizes().equals(sizes) && t.strides().equals(strides) &&

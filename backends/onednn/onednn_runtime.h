@@ -86,6 +86,10 @@ class PackedHolder {
 /// Records the sources' identities and versions into `p` (call before reading their data).
 void record_sources(Packed& p, const std::vector<const at::Tensor*>& sources);
 
+/// Reorders the data at `from` (layout `from_md`) into `to` (layout `to_md`) now, on a stream of
+/// its own: how weights are packed.
+void reorder_now(const dnnl::memory::desc& from_md, void* from, const dnnl::memory::desc& to_md, void* to);
+
 struct Step {
   virtual ~Step() = default;
   virtual void run(Ctx& c) const = 0;
