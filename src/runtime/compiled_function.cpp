@@ -43,7 +43,7 @@ SubstitutedInputs::SubstitutedInputs(const std::vector<at::Tensor>* inputs) : pr
 
 SubstitutedInputs::~SubstitutedInputs() { tls_substituted = previous_; }
 
-CompiledEntry::CompiledEntry(std::unique_ptr<GuardSet> guards, std::unique_ptr<Segment> root,
+CompiledEntry::CompiledEntry(std::shared_ptr<GuardSet> guards, std::unique_ptr<Segment> root,
                              std::vector<std::string> input_names, std::string eager_reason)
     : guards_(std::move(guards)),
       root_(std::move(root)),
@@ -58,11 +58,17 @@ const std::string& CompiledEntry::eager_reason() const {
 }
 
 std::vector<std::string> CompiledEntry::size_symbols() const {
+  if (replays_) return replays_->plan.describe();
   return root_ && root_->dynamic ? root_->dynamic->plan().describe() : std::vector<std::string>{};
 }
 
 size_t CompiledEntry::num_specializations() const {
+  if (replays_) return replays_->trees.size();
   return root_ && root_->dynamic ? root_->dynamic->num_specializations() : 0;
+}
+
+const CompiledEntry& CompiledEntry::described() const {
+  return replays_ && replays_->first ? *replays_->first : *this;
 }
 
 // ---- the compiled object ------------------------------------------------------------------------
@@ -164,13 +170,13 @@ namespace {
 // autograd history, so autograd must not be recording.
 std::string autograd_reason(const CallArgs& args, const std::vector<std::string>& names, const torch::nn::Module* root) {
   if (!at::GradMode::is_enabled() || c10::InferenceMode::is_enabled()) return "";
-  const std::string fix = " (dynamic shapes need torch::NoGradGuard or c10::InferenceMode for now)";
+  const std::string why = " (size reads are observed only when autograd does not record)";
   for (size_t i = 0; i < args.tensors.size(); ++i)
     if (args.tensors[i].defined() && args.tensors[i].requires_grad())
-      return "autograd is recording: input '" + names[i] + "' requires grad" + fix;
+      return "autograd is recording: input '" + names[i] + "' requires grad" + why;
   if (root != nullptr)
     for (const auto& p : root->named_parameters(/*recurse=*/true))
-      if (p.value().requires_grad()) return "autograd is recording: parameter '" + p.key() + "' requires grad" + fix;
+      if (p.value().requires_grad()) return "autograd is recording: parameter '" + p.key() + "' requires grad" + why;
   return "";
 }
 
@@ -201,29 +207,44 @@ std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, 
   // Dynamic shapes (runtime/dynamic.h): candidates, an observed trace, symbols.
   const std::vector<Candidate> candidates =
       dynamic_candidates(options_.dynamic, args, names, *size_history_, name_);
-  std::string static_reason;
+  // Why the trace cannot tell which candidates host code read (then a dynamic entry runs the
+  // forward again at each new size).
+  std::string replay_reason;
   std::optional<ObservedInputs> observed;
   if (!candidates.empty()) {
-    static_reason = autograd_reason(args, names, root_.get());
-    if (static_reason.empty()) observed = observe_inputs(args, names, candidates);
+    replay_reason = autograd_reason(args, names, root_.get());
+    if (replay_reason.empty()) observed = observe_inputs(args, names, candidates);
   }
   TracedRun traced = trace_forward(*this, *guards, args, forward, spec, names, observed ? &*observed : nullptr);
   DynamicPlan plan;
   if (!candidates.empty()) {
-    if (static_reason.empty() && !traced.failure.empty()) static_reason = "the trace failed";
-    if (static_reason.empty() && traced.records.size() != 1) static_reason = "the forward has graph breaks";
-    if (static_reason.empty() && !traced.unobserved.empty())
-      static_reason = "not every size read can be seen: " + traced.unobserved;
+    const std::string static_reason = traced.failure.empty() ? "" : "the trace failed";
+    if (replay_reason.empty() && traced.records.size() > 1) replay_reason = "the forward has graph breaks";
+    if (replay_reason.empty() && !traced.unobserved.empty())
+      replay_reason = "not every size read can be seen: " + traced.unobserved;
     plan = plan_symbols(candidates, observed ? observed->reads->read() : 0,
-                        observed ? observed->reads->first_reads() : std::vector<std::string>{}, static_reason, args,
-                        names, name_);
+                        observed ? observed->reads->first_reads() : std::vector<std::string>{}, static_reason,
+                        replay_reason, args, names, name_);
     if (!plan.empty()) guards->make_symbolic(plan);
   }
-  // The captured graph as traced: a dynamic entry records it again at new sizes.
+  // The captured graph as traced: a dynamic entry that does not replay the forward records it
+  // again at new sizes.
   std::shared_ptr<GraphModule> generic;
-  if (!plan.empty()) generic = ir::copy_module(*traced.records.front().gm);
+  if (!plan.empty() && !plan.replays_forward()) generic = ir::copy_module(*traced.records.front().gm);
   auto insert = [&](std::unique_ptr<Segment> root, std::string eager_reason) {
-    auto entry = std::make_shared<CompiledEntry>(std::move(guards), std::move(root), names, std::move(eager_reason));
+    std::shared_ptr<GuardSet> shared_guards = std::move(guards);
+    std::shared_ptr<CompiledEntry> entry;
+    if (root && plan.replays_forward()) {
+      // The first size's tree; later sizes add theirs (run_replayed).
+      auto replays = std::make_shared<ForwardReplays>();
+      replays->plan = std::move(plan);
+      replays->first = std::make_shared<CompiledEntry>(shared_guards, std::move(root), names, "");
+      replays->trees.insert(replays->plan.traced_key(), replays->first);
+      entry = std::make_shared<CompiledEntry>(shared_guards, nullptr, names, "");
+      entry->replays_ = std::move(replays);
+    } else {
+      entry = std::make_shared<CompiledEntry>(shared_guards, std::move(root), names, std::move(eager_reason));
+    }
     if (log_enabled(LogKind::Guards)) {
       std::string msg = "torch::compile(" + name_ + "): guards of the new entry:";
       for (const auto& line : entry->guards().describe()) msg += "\n  " + line;
@@ -245,7 +266,7 @@ std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, 
     insert(nullptr, failure);
     return traced.outputs;
   }
-  if (!plan.empty()) {
+  if (!plan.empty() && !plan.replays_forward()) {
     auto shapes = std::make_shared<ShapeSpecializations>(std::move(plan), std::move(generic), backend_,
                                                          options_.backend, name_, std::move(root->fn));
     root->dynamic = shapes;
@@ -253,6 +274,38 @@ std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, 
   }
   insert(std::move(root), "");
   return traced.outputs;
+}
+
+std::vector<at::Tensor> CompiledFunction::run_replayed(const CompiledEntry& entry, const CallArgs& args,
+                                                       const ForwardFn& forward, OutputSpec& spec) {
+  ForwardReplays& replays = *entry.replays_;
+  const SizeKey key = replays.plan.key_of(args.tensors);
+  std::shared_ptr<const CompiledEntry> tree = replays.trees.find(key);
+  if (!tree) {
+    // One trace at a time per compiled object; a thread that waited may find these sizes traced.
+    std::unique_lock<std::mutex> tracing(trace_mutex_);
+    tree = replays.trees.find(key);
+    if (!tree) {
+      // The forward at these sizes, host code included: its integers and branches are those of
+      // these sizes, as in a static entry's trace. Modules whose hooks it crosses join the
+      // entry's guards.
+      TracedRun traced = trace_forward(*this, entry.guards(), args, forward, spec, entry.input_names_);
+      std::string failure = traced.failure;
+      std::unique_ptr<Segment> root;
+      if (failure.empty()) root = compile_chain(traced, 0, spec, backend_, options_.backend, name_, failure);
+      const bool eager = root == nullptr;
+      const size_t count =
+          replays.trees.insert(key, std::make_shared<CompiledEntry>(entry.guards_, std::move(root), entry.input_names_,
+                                                                    failure));
+      if (eager) warn_once("replay:" + failure, failure + "; those sizes run eagerly");
+      TORCHCOMPILE_LOG(LogKind::Dynamic, "torch::compile(", name_, "): new sizes ", replays.plan.key_str(key),
+                       ": traced the forward again", eager ? " (" + failure + "; these sizes run eagerly)" : "",
+                       " (", count, " sizes compiled)");
+      return traced.outputs;
+    }
+  }
+  if (tree->runs_eagerly()) return forward(spec);
+  return run_entry(*tree, args, forward, spec);
 }
 
 size_t CompiledFunction::num_entries() const {

@@ -112,6 +112,26 @@ std::vector<std::string> DynamicPlan::describe() const {
       if (d.symbol == k && !(d.input == s.input && d.dim == s.dim)) line += ", equal to " + dim_name(input_names, d.input, d.dim);
     out.push_back(std::move(line));
   }
+  if (replays_forward()) out.push_back("each new size runs the forward again: " + replay_reason);
+  return out;
+}
+
+SizeKey DynamicPlan::key_of(const std::vector<at::Tensor>& inputs) const {
+  SizeKey key;
+  for (const SizeSymbol& s : symbols) key.push_back(inputs[s.input].sizes()[s.dim]);
+  return key;
+}
+
+SizeKey DynamicPlan::traced_key() const {
+  SizeKey key;
+  for (const SizeSymbol& s : symbols) key.push_back(s.traced);
+  return key;
+}
+
+std::string DynamicPlan::key_str(const SizeKey& key) const {
+  std::string out;
+  for (size_t k = 0; k < key.size() && k < symbols.size(); ++k)
+    out += (k ? ", " : "") + symbols[k].name + "=" + std::to_string(key[k]);
   return out;
 }
 
@@ -185,8 +205,10 @@ std::vector<Candidate> dynamic_candidates(const std::optional<bool>& dynamic, co
 
 DynamicPlan plan_symbols(const std::vector<Candidate>& candidates, uint64_t read,
                          const std::vector<std::string>& first_reads, const std::string& static_reason,
-                         const CallArgs& args, const std::vector<std::string>& names, const std::string& owner) {
+                         const std::string& replay_reason, const CallArgs& args,
+                         const std::vector<std::string>& names, const std::string& owner) {
   DynamicPlan plan;
+  std::string reads;  // what host code read, for the replay reason
   plan.input_names = names;
   auto stays_static = [&](const Candidate& c, const std::string& why) {
     const std::string what = dim_name(names, c.input, c.dim);
@@ -201,16 +223,18 @@ DynamicPlan plan_symbols(const std::vector<Candidate>& candidates, uint64_t read
       stays_static(c, static_reason);
       continue;
     }
-    if (read >> k & 1) {
-      const std::string& where = k < first_reads.size() ? first_reads[k] : std::string();
-      stays_static(c, "host code read it" + (where.empty() ? std::string() : " (" + where + ")") +
-                          "; the trace recorded integers computed from it");
-      continue;
-    }
     const at::Tensor& t = args.tensors[c.input];
     if (!t.is_contiguous()) {
       stays_static(c, "the input is not contiguous (a symbolic input must be)");
       continue;
+    }
+    const std::string what = dim_name(names, c.input, c.dim);
+    if (read >> k & 1) {
+      const std::string& where = k < first_reads.size() ? first_reads[k] : std::string();
+      reads += (reads.empty() ? "" : ", ") + (where.empty() ? what : where);
+      TORCHCOMPILE_LOG(LogKind::Dynamic, "torch::compile(", owner, "): ", what, ": host code read it",
+                       where.empty() ? std::string() : " (" + where + ")",
+                       "; a symbol whose new sizes run the forward again");
     }
     const int64_t size = t.size(c.dim);
     auto it = symbol_of_size.find(size);
@@ -229,8 +253,18 @@ DynamicPlan plan_symbols(const std::vector<Candidate>& candidates, uint64_t read
     }
     plan.dims.push_back(SymbolicDim{c.input, c.dim, sym});
   }
-  if (log_enabled(LogKind::Dynamic))
-    for (const std::string& line : plan.describe()) runtime::log(LogKind::Dynamic, "torch::compile(" + owner + "): symbol " + line);
+  if (!plan.empty()) {
+    if (!replay_reason.empty())
+      plan.replay_reason = replay_reason;
+    else if (!reads.empty())
+      plan.replay_reason = "host code read " + reads + " (integers or branches of the trace may depend on it)";
+  }
+  if (log_enabled(LogKind::Dynamic)) {
+    const std::vector<std::string> lines = plan.describe();
+    for (size_t i = 0; i < lines.size(); ++i)
+      runtime::log(LogKind::Dynamic,
+                   "torch::compile(" + owner + "): " + (i < plan.symbols.size() ? "symbol " : "") + lines[i]);
+  }
   return plan;
 }
 
@@ -243,44 +277,21 @@ ShapeSpecializations::ShapeSpecializations(DynamicPlan plan, std::shared_ptr<Gra
       backend_(std::move(backend)),
       backend_name_(std::move(backend_name)),
       owner_(std::move(owner)) {
-  Key key;
-  for (const SizeSymbol& s : plan_.symbols) key.push_back(s.traced);
-  compiled_.push_back(Compiled{std::move(key), std::make_shared<const CompiledFn>(std::move(first))});
+  compiled_.insert(plan_.traced_key(), std::make_shared<const CompiledFn>(std::move(first)));
 }
 
-size_t ShapeSpecializations::num_specializations() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return compiled_.size();
-}
-
-ShapeSpecializations::Key ShapeSpecializations::key_of(const std::vector<at::Tensor>& inputs) const {
-  Key key;
-  for (const SizeSymbol& s : plan_.symbols) key.push_back(inputs[s.input].sizes()[s.dim]);
-  return key;
-}
-
-std::shared_ptr<const CompiledFn> ShapeSpecializations::find(const Key& key) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  for (size_t i = 0; i < compiled_.size(); ++i) {
-    if (compiled_[i].key != key) continue;
-    if (i != 0) std::rotate(compiled_.begin(), compiled_.begin() + i, compiled_.begin() + i + 1);
-    return compiled_.front().fn;
-  }
-  return nullptr;
-}
+size_t ShapeSpecializations::num_specializations() const { return compiled_.size(); }
 
 std::vector<at::Tensor> ShapeSpecializations::operator()(const std::vector<at::Tensor>& inputs) {
-  const Key key = key_of(inputs);
-  if (auto fn = find(key)) return (*fn)(inputs);
+  const SizeKey key = plan_.key_of(inputs);
+  if (auto fn = compiled_.find(key)) return (*fn)(inputs);
   // One specialization at a time; a thread that waited may find its sizes compiled.
   std::lock_guard<std::mutex> one_at_a_time(specialize_mutex_);
-  if (auto fn = find(key)) return (*fn)(inputs);
+  if (auto fn = compiled_.find(key)) return (*fn)(inputs);
   return specialize(key, inputs);
 }
 
-std::vector<at::Tensor> ShapeSpecializations::specialize(const Key& key, const std::vector<at::Tensor>& inputs) {
-  std::string sizes;
-  for (size_t k = 0; k < key.size(); ++k) sizes += (k ? ", " : "") + plan_.symbols[k].name + "=" + std::to_string(key[k]);
+std::vector<at::Tensor> ShapeSpecializations::specialize(const SizeKey& key, const std::vector<at::Tensor>& inputs) {
   // The graph recorded again at these sizes: the same ops with the same constants (the trace
   // recorded none computed from the symbols), with metadata of these sizes.
   capture::Tracer tracer;
@@ -315,15 +326,9 @@ std::vector<at::Tensor> ShapeSpecializations::specialize(const Key& key, const s
     std::shared_ptr<GraphModule> generic = generic_;
     fn = [generic](const std::vector<at::Tensor>& in) { return generic->forward(in); };
   }
-  size_t count;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    compiled_.insert(compiled_.begin(), Compiled{key, std::make_shared<const CompiledFn>(std::move(fn))});
-    if (compiled_.size() > kMaxSpecializations) compiled_.pop_back();
-    count = compiled_.size();
-  }
-  TORCHCOMPILE_LOG(LogKind::Dynamic, "torch::compile(", owner_, "): new sizes ", sizes, ": ", how, " (", count,
-                   " sizes compiled)");
+  const size_t count = compiled_.insert(key, std::make_shared<const CompiledFn>(std::move(fn)));
+  TORCHCOMPILE_LOG(LogKind::Dynamic, "torch::compile(", owner_, "): new sizes ", plan_.key_str(key), ": ", how, " (",
+                   count, " sizes compiled)");
   return outputs;
 }
 

@@ -3,6 +3,7 @@
 // queries an entry answers about its tree.
 #include "runtime/trace_tree.h"
 
+#include "runtime/dynamic.h"
 #include "runtime/guards.h"
 #include "runtime/trace_session.h"
 
@@ -125,28 +126,43 @@ void visit_segment(const Segment& s, const std::function<void(const GraphModule&
 
 // ---- the entry's tree -----------------------------------------------------------------------
 
-std::shared_ptr<GraphModule> CompiledEntry::graph_module() const { return root_ ? root_->gm : nullptr; }
+std::shared_ptr<GraphModule> CompiledEntry::graph_module() const {
+  const CompiledEntry& e = described();
+  return e.root_ ? e.root_->gm : nullptr;
+}
 
 size_t CompiledEntry::num_graphs() const {
+  if (replays_) {
+    size_t n = 0;
+    for (const auto& tree : replays_->trees.values()) n += tree->num_graphs();
+    return n;
+  }
   std::lock_guard<std::mutex> lock(tree_mutex_);
   return root_ ? root_->count_graphs() : 0;
 }
 
 size_t CompiledEntry::num_breaks() const {
+  if (replays_) {
+    size_t n = 0;
+    for (const auto& tree : replays_->trees.values()) n += tree->num_breaks();
+    return n;
+  }
   std::lock_guard<std::mutex> lock(tree_mutex_);
   return root_ ? root_->count_breaks() : 0;
 }
 
 void CompiledEntry::visit(const std::function<void(const GraphModule& graph, const CompileReport& report)>& on_graph,
                           const std::function<void(const std::string& op, const std::string& value)>& on_break) const {
-  std::lock_guard<std::mutex> lock(tree_mutex_);
-  if (root_) visit_segment(*root_, on_graph, on_break);
+  const CompiledEntry& e = described();
+  std::lock_guard<std::mutex> lock(e.tree_mutex_);
+  if (e.root_) visit_segment(*e.root_, on_graph, on_break);
 }
 
 // ---- running an entry -----------------------------------------------------------------------
 
 std::vector<at::Tensor> CompiledFunction::run_entry(const CompiledEntry& entry, const CallArgs& args,
                                                     const ForwardFn& forward, OutputSpec& spec) {
+  if (entry.replays_) return run_replayed(entry, args, forward, spec);
   const Segment* seg = entry.root_.get();
   if (!seg->branch) {  // no graph break: the common case
     spec = seg->spec;

@@ -38,8 +38,23 @@ TEST(Recompile, ShapeChangeRecompilesWithReason) {
   EXPECT_EQ(cc.frames(), 2);
   EXPECT_EQ(fast.state().last_recompile_reason(), "tensor 'x' size mismatch at index 0: expected 64, got 32");
   EXPECT_EQ(y.size(0), 32);
-  fast(torch::randn({64, 8}));  // the first entry is still cached
-  EXPECT_EQ(cc.frames(), 2);
+  // The second size made a dynamic entry (automatic dynamic), which serves 64 from now on: it
+  // runs the forward once more at 64 (autograd records, so each new size is traced), then never.
+  fast(torch::randn({64, 8}));
+  fast(torch::randn({64, 8}));
+  fast(torch::randn({32, 8}));
+  EXPECT_EQ(cc.frames(), 3);
+  EXPECT_EQ(fast.state().num_entries(), 2u);
+}
+
+TEST(Recompile, ShapeChangeWithDynamicFalseKeepsAnEntryPerShape) {
+  CompileCounter cc;
+  auto net = std::make_shared<Net>();
+  net->eval();
+  auto fast = torch::compile(net, torchcompile::CompileOptions(cc.backend()).with_dynamic(false));
+  for (int64_t n : {64, 32, 64, 32, 16}) EXPECT_EQ(fast(torch::randn({n, 8})).size(0), n);
+  EXPECT_EQ(cc.frames(), 3);
+  EXPECT_EQ(fast.state().num_entries(), 3u);
 }
 
 TEST(Recompile, DtypeChangeRecompiles) {

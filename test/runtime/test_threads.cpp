@@ -29,11 +29,11 @@ int calls_per_thread() {
   return env ? std::atoi(env) : 1000;
 }
 
-TEST(Threads, EightThreadsMixedShapesMatchEagerAndTraceOncePerEntry) {
+void eight_threads_mixed_shapes(bool dynamic) {
   torch::NoGradGuard no_grad;
   auto model = std::make_shared<Mlp>();
   CompileCounter cc;
-  auto fast = torch::compile(model, cc.backend());
+  auto fast = torch::compile(model, torchcompile::CompileOptions(cc.backend()).with_dynamic(dynamic));
   const std::vector<int64_t> batch_sizes{1, 2, 3, 5};
   std::vector<torch::Tensor> inputs, expected;
   torch::manual_seed(0);
@@ -57,10 +57,20 @@ TEST(Threads, EightThreadsMixedShapesMatchEagerAndTraceOncePerEntry) {
   }
   for (auto& th : threads) th.join();
   EXPECT_EQ(mismatches.load(), 0);
-  EXPECT_EQ(fast.state().num_entries(), batch_sizes.size()) << "one entry per input shape, traced once";
+  EXPECT_EQ(fast.state().num_entries(), dynamic ? 2u : batch_sizes.size()) << "traced once per entry and size";
   size_t graphs = 0;
   for (const auto& e : fast.state().entries()) graphs += e->num_graphs();
   EXPECT_EQ(static_cast<size_t>(cc.frames()), graphs) << "no graph was compiled twice";
+}
+
+// Eight threads call at four batch sizes at once, with static entries (one per size) and with a
+// dynamic one (the forward has a graph break, so each new size runs it again in that entry;
+// size 1 has its own): every result as eager's, and no graph compiled twice.
+TEST(Threads, EightThreadsMixedShapesMatchEagerAndTraceOncePerEntry) {
+  for (bool dynamic : {false, true}) {
+    SCOPED_TRACE(dynamic ? "dynamic = true" : "dynamic = false");
+    eight_threads_mixed_shapes(dynamic);
+  }
 }
 
 TEST(Threads, CompiledModuleCalledInsideACompiledForwardIsInlined) {

@@ -83,25 +83,28 @@ class SubstitutedInputs {
 };
 
 struct SizeHistory;
+struct ForwardReplays;
 
 /// A cache entry: the guards under which it is valid and its trace tree: a compiled graph
 /// segment, and at each graph break the continuations keyed by the value the forward read.
 class CompiledEntry {
  public:
-  CompiledEntry(std::unique_ptr<GuardSet> guards, std::unique_ptr<Segment> root, std::vector<std::string> input_names,
+  CompiledEntry(std::shared_ptr<GuardSet> guards, std::unique_ptr<Segment> root, std::vector<std::string> input_names,
                 std::string eager_reason);
   ~CompiledEntry();
 
   /// Whether this entry runs the C++ forward eagerly (tracing failed, the backend threw, or a
   /// graph break met more values than cache_size_limit).
-  bool runs_eagerly() const { return root_ == nullptr || eager_.load(std::memory_order_relaxed); }
+  bool runs_eagerly() const {
+    return (root_ == nullptr && replays_ == nullptr) || eager_.load(std::memory_order_relaxed);
+  }
   const std::string& eager_reason() const;
   const GuardSet& guards() const { return *guards_; }
   /// The first graph segment's module (null for an eager entry).
   std::shared_ptr<GraphModule> graph_module() const;
-  /// Compiled graphs in the trace tree.
+  /// Compiled graphs in the trace tree (a dynamic entry with a tree per size: in all of them).
   size_t num_graphs() const;
-  /// Graph breaks (branch points) in the trace tree.
+  /// Graph breaks (branch points) in the trace tree (or trees).
   size_t num_breaks() const;
   /// A dynamic entry: one line per size symbol (`s0 = size 0 of 'x' (traced 8), range [2,
   /// inf)`); empty for a static entry.
@@ -115,8 +118,13 @@ class CompiledEntry {
 
  private:
   friend class CompiledFunction;
-  std::unique_ptr<GuardSet> guards_;
-  std::unique_ptr<Segment> root_;
+  // The tree of the entry, and what the queries above describe: root_, or for a dynamic entry
+  // that runs the forward again at each new size, the first size's tree.
+  const CompiledEntry& described() const;
+
+  std::shared_ptr<GuardSet> guards_;      // shared with the trees of replays_
+  std::unique_ptr<Segment> root_;         // null for an eager entry or one with replays_
+  std::shared_ptr<ForwardReplays> replays_;  // a dynamic entry with a tree per size
   std::vector<std::string> input_names_;
   std::string eager_reason_;
   mutable std::mutex tree_mutex_;  // guards the branch tables of the tree
@@ -166,6 +174,10 @@ class CompiledFunction {
   /// Run `entry`'s trace tree on `args` (trace_tree.cpp).
   std::vector<at::Tensor> run_entry(const CompiledEntry& entry, const CallArgs& args, const ForwardFn& forward,
                                     OutputSpec& spec);
+  /// A dynamic entry with a tree per size (runtime/dynamic.h, ForwardReplays): run the tree of
+  /// the call's sizes, tracing the forward at them first if they are new.
+  std::vector<at::Tensor> run_replayed(const CompiledEntry& entry, const CallArgs& args, const ForwardFn& forward,
+                                       OutputSpec& spec);
   /// A branch value with no compiled continuation, the state put back as it was when the call
   /// began: run the forward again, traced (the new continuation joins the tree) or, if `record`
   /// is false, eagerly (trace_tree.cpp). `missed_at` and `missed_key` are the branch point where
