@@ -15,7 +15,7 @@ cmake -S "$root" -B "$build" -G Ninja \
 cmake --build "$build" --parallel "$(nproc)"
 
 status=0
-(cd "$build" && ctest --output-on-failure --label-exclude 'tsan|asan|bench') || status=$?
+(cd "$build" && ctest --output-on-failure --parallel "$(nproc)" --label-exclude 'tsan|asan|bench') || status=$?
 
 end=$(date +%s)
 echo "test.sh: elapsed $((end - start)) s (setup + build + tests)"
