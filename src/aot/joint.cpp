@@ -12,6 +12,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/FunctionalTensorWrapper.h>
+#include <ATen/TensorUtils.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
@@ -100,6 +101,30 @@ bool batch_norm_with_functional_update(torch::jit::Stack* stack,
   stack->emplace_back(std::move(out));
   stack->emplace_back(std::move(mean));
   stack->emplace_back(std::move(invstd));
+  return true;
+}
+
+// LibTorch's functionalization gives a view updated in place (`x.narrow(1, 2, 6).mul_(0.5)`)
+// the strides of the functional op's result, which is contiguous, so a later `reshape` of that
+// view is traced as `_reshape_alias` with contiguous strides. When functionalization then
+// regenerates the view from its updated base, it replays that alias on the view's real layout,
+// where (ATen does not check `_reshape_alias`'s strides) it reads the wrong elements: the graph
+// computes a wrong result on every call. An alias whose strides the input's layout does not give
+// is run, and recorded, as the copy `reshape` makes when no view is possible: a contiguous clone,
+// then `_unsafe_view`.
+bool is_reshape_alias(const c10::OperatorHandle& op) { return op.schema().name() == "aten::_reshape_alias"; }
+
+bool reshape_alias_as_copy(torch::jit::Stack* stack) {
+  const size_t n = stack->size();
+  const at::Tensor self = (*stack)[n - 3].toTensor();
+  const std::vector<int64_t> size = (*stack)[n - 2].toIntVector();
+  const std::vector<int64_t> stride = (*stack)[n - 1].toIntVector();
+  const auto viewed = at::detail::computeStride(self.sizes(), self.strides(), at::DimVector(size.begin(), size.end()));
+  bool same = viewed.has_value();
+  for (size_t d = 0; same && d < size.size(); ++d) same = size[d] == 1 || (*viewed)[d] == stride[d];
+  if (same) return false;
+  torch::jit::drop(*stack, 3);
+  stack->emplace_back(at::_unsafe_view(self.clone(at::MemoryFormat::Contiguous), size));
   return true;
 }
 
@@ -285,6 +310,7 @@ JointGraph build_joint(const ir::GraphModule& gm, const std::vector<at::Tensor>&
       }
     }
     if (hides_running_stat_update(op)) return batch_norm_with_functional_update(stack, wrapper_of);
+    if (is_reshape_alias(op)) return reshape_alias_as_copy(stack);
     return false;
   });
 
