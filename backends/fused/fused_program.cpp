@@ -1,11 +1,13 @@
 #include "fused_program.h"
 
-#include <torchcompile/compat.h>
 #include <torchcompile/ir/op_properties.h>
 
 #include <ATen/ExpandUtils.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/gelu.h>
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 
@@ -231,12 +233,25 @@ std::optional<uint32_t> with_scalar(const Node& n, Emitter* e) {
   return e ? e->emit(Op, e->arg(n, 0), 0, as_float(*s)) : 0u;
 }
 
+// gelu (erf form) at +inf differs between ATen's CPU kernels: +inf from LibTorch 1.13's, and from
+// 2.6's AVX2 kernel, NaN from 2.6's AVX-512 one. Which one eager runs depends on the LibTorch
+// version and on the CPU, so the fused gelu asks the running LibTorch once (on a tensor long
+// enough for its vectorized path) and follows it.
+bool eager_gelu_of_infinity_is_nan() {
+  static const bool nan = [] {
+    at::NoGradGuard no_grad;
+    const at::Tensor y = at::gelu(at::full({64}, std::numeric_limits<float>::infinity())).contiguous();
+    return std::isnan(y.data_ptr<float>()[0]);
+  }();
+  return nan;
+}
+
 std::optional<uint32_t> gelu(const Node& n, Emitter* e) {
   auto approximate = n.args().size() > 1 ? constant_string(n, 1) : std::string("none");
   if (!approximate || (*approximate != "none" && *approximate != "tanh")) return std::nullopt;
   if (!e) return 0u;
   if (*approximate == "tanh") return e->emit(TileOp::GeluTanh, e->arg(n, 0));
-  return e->emit(TileOp::GeluErf, e->arg(n, 0), 0, compat::kGeluErfOfInfinityIsNaN ? 1.f : 0.f);
+  return e->emit(TileOp::GeluErf, e->arg(n, 0), 0, eager_gelu_of_infinity_is_nan() ? 1.f : 0.f);
 }
 
 std::optional<uint32_t> gelu_backward(const Node& n, Emitter* e) {

@@ -37,10 +37,6 @@ constexpr c10::DispatchKey kBelowAutogradTracingKey = c10::DispatchKey::Fake;
 /// with narrow, select and t). 2.x keeps the view. AOT does not functionalize such graphs.
 constexpr bool kFunctionalDetachOfViewLosesTheView = TORCH_VERSION_MAJOR < 2;
 
-/// gelu (erf form) at +inf: LibTorch 1.13's CPU kernel gives +inf, 2.x's (checked on 2.6) NaN. The
-/// fused backend's gelu follows the LibTorch it is built against.
-constexpr bool kGeluErfOfInfinityIsNaN = TORCH_VERSION_MAJOR >= 2;
-
 /// A storage's bytes, writable. LibTorch 2.x split `Storage::data()` into a const `data()` and
 /// `mutable_data()` (which also materializes copy-on-write storage).
 #if TORCH_VERSION_MAJOR >= 2
