@@ -145,6 +145,26 @@ bool is_ref_impl(const char* impl) {
   return s.rfind("ref", 0) == 0 || s.find(":ref") != std::string::npos;
 }
 
+// A GEMM whose weight is not a module attribute (both operands activations, or the weights
+// AOT's training graphs take as inputs) cannot be prepacked: oneDNN reads it in its plain layout
+// on every call. oneDNN runs such a GEMM faster than the BLAS ATen calls only with its brgemm
+// kernels (AVX-512 machines with oneDNN 2.6). Its other f32 GEMM (`gemm:jit`, oneDNN 2.6's on
+// AVX2 machines) measured 0.5-1.1x OpenBLAS on the GEMMs of transformer and MLP training steps
+// (0.5x with a transposed first operand, as weight gradients have), so there ATen runs it.
+// TORCHCOMPILE_ONEDNN_DYNAMIC_GEMM=1 / 0 overrides. (Read at each compile.)
+bool dynamic_gemm_pays(const md_t& src, const md_t& wei) {
+  const char* e = std::getenv("TORCHCOMPILE_ONEDNN_DYNAMIC_GEMM");
+  if (e && *e) return std::string(e) == "1";
+  const dims s = compat::dims_of(src), w = compat::dims_of(wei);
+  try {
+    auto pd = compat::matmul_pd(cpu_engine(), src, wei, md_t(), md_t({s[0], w[1]}, dt::f32, tag::ab),
+                                dnnl::primitive_attr());
+    return std::string(pd.impl_info_str()).rfind("brg", 0) == 0;
+  } catch (const dnnl::error&) {
+    return false;
+  }
+}
+
 // ---- post-ops ---------------------------------------------------------------------------------
 
 struct Eltwise {
@@ -481,6 +501,12 @@ std::optional<std::pair<std::vector<int64_t>, std::vector<int64_t>>> as_2d(const
   return std::make_pair(std::vector<int64_t>{M, s[n - 1]}, std::vector<int64_t>{row, st[n - 1]});
 }
 
+// Plain 2-D (M, N) layout of an activation (..., N), as_2d's.
+md_t md_2d(const TensorMeta& m) {
+  auto p = *as_2d(m);
+  return plain_md(p.first, p.second);
+}
+
 bool Compiler::match_linear(Node* n, Group& g) {
   const std::string& t = n->target();
   g.kind = GroupKind::Linear;
@@ -528,6 +554,7 @@ bool Compiler::match_linear(Node* n, Group& g) {
   if (!as_2d(meta(g.src))) return false;
   const int64_t N = g.w_sizes[1];
   if (g.w_sizes[0] != meta(g.src).sizes.back() || om.sizes.back() != N) return false;
+  if (!g.weight_attr && !dynamic_gemm_pays(md_2d(meta(g.src)), plain_md(g.w_sizes, g.w_strides))) return false;
   if (g.bias) {
     const TensorMeta& bm = meta(*g.bias);
     if (!is_f32(bm) || bm.sizes != std::vector<int64_t>{N}) return false;
@@ -1536,12 +1563,6 @@ dnnl::post_ops make_post_ops(const Group& g, size_t kept, const std::vector<md_t
     }
   }
   return po;
-}
-
-// Plain 2-D (M, N) layout of an activation (..., N), as_2d's.
-md_t md_2d(const TensorMeta& m) {
-  auto p = *as_2d(m);
-  return plain_md(p.first, p.second);
 }
 
 bool Compiler::emit_linear(Group& g, bool batched) {

@@ -194,18 +194,17 @@ struct CrossEntropyStep : torch::nn::Module {
   std::shared_ptr<M> model;
 };
 
-template <typename M>
-struct SumStep : torch::nn::Module {
-  explicit SumStep(std::shared_ptr<M> m) : model(register_module("model", std::move(m))) {}
-  torch::Tensor forward(torch::Tensor x) { return model->forward(x).sum(); }
-  std::shared_ptr<M> model;
-};
+// A training step's loss over a model's output, for models whose output is not a class score.
+using Loss = torch::Tensor (*)(const torch::Tensor&);
+torch::Tensor sum_loss(const torch::Tensor& y) { return y.sum(); }
+torch::Tensor mean_square_loss(const torch::Tensor& y) { return y.pow(2).mean(); }
 
 template <typename M>
-struct MeanSquareStep : torch::nn::Module {
-  explicit MeanSquareStep(std::shared_ptr<M> m) : model(register_module("model", std::move(m))) {}
-  torch::Tensor forward(torch::Tensor x) { return model->forward(x).pow(2).mean(); }
+struct LossStep : torch::nn::Module {
+  LossStep(std::shared_ptr<M> m, Loss l) : model(register_module("model", std::move(m))), loss(l) {}
+  torch::Tensor forward(torch::Tensor x) { return loss(model->forward(x)); }
   std::shared_ptr<M> model;
+  Loss loss;
 };
 
 // M7: seed 000's toy_example.
@@ -344,17 +343,17 @@ const std::vector<Row>& rows() {
        }},
       {"M5-train", "M5 train step, sum (32,128,512)", true,
        [] {
-         auto m = std::make_shared<SumStep<M5Impl>>(std::make_shared<M5Impl>());
+         auto m = std::make_shared<LossStep<M5Impl>>(std::make_shared<M5Impl>(), sum_loss);
          return module_instance(m, true, torch::randn({32, 128, 512}));
        }},
       {"M3-train", "M3 train step, sum (16,3,64,64)", true,
        [] {
-         auto m = std::make_shared<SumStep<ConvNetImpl>>(std::make_shared<ConvNetImpl>());
+         auto m = std::make_shared<LossStep<ConvNetImpl>>(std::make_shared<ConvNetImpl>(), sum_loss);
          return module_instance(m, true, torch::randn({16, 3, 64, 64}));
        }},
       {"M4-train", "M4 train step, mean square (8,128,256)", true,
        [] {
-         auto m = std::make_shared<MeanSquareStep<M4Impl>>(std::make_shared<M4Impl>());
+         auto m = std::make_shared<LossStep<M4Impl>>(std::make_shared<M4Impl>(), mean_square_loss);
          return module_instance(m, true, torch::randn({128, 8, 256}));
        }},
       {"M7", "M7 toy_example 2x(10,)", false,

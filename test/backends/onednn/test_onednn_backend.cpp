@@ -675,6 +675,7 @@ TEST(OneDnnDeclines, ExplainDefaultListsThePartitionOfEachGraph) {
   // take the captured graph itself, which records autograd: each declines saying so).
   torch::AutoGradMode grad(true);
   m3->train();
+  tc_test::ScopedEnv dynamic_gemms("TORCHCOMPILE_ONEDNN_DYNAMIC_GEMM", "1");  // the linear's weight is an input
   auto e3 = torchcompile::explain("default", m3, torch::randn({2, 3, 16, 16}));
   ASSERT_EQ(e3.compiled.size(), 1u);
   EXPECT_EQ(e3.compiled[0].backend, "default");
@@ -890,6 +891,81 @@ TEST(OneDnnBackend, TransposedConvolutionShapesMatchEager) {
 // ---- NaN and infinity through fused activations ----------------------------------------------------
 // oneDNN's relu and clip post-ops map NaN to a number; ATen keeps it. A group fusing one runs its
 // nodes through ATen on a call whose inputs (or weights) hold a NaN or an infinity.
+// GEMMs whose second operand is not a module attribute (it cannot be prepacked) go to oneDNN only
+// where its brgemm kernels run them; elsewhere ATen does (TORCHCOMPILE_ONEDNN_DYNAMIC_GEMM=1 / 0
+// overrides). Random shapes and layouts (transposed operands as training graphs have them, 3-D
+// activations, a bias, a fused relu), each setting, against eager; a module's Linear (prepacked)
+// is taken under both. Then a training step under `default`: forward and backward graphs.
+TEST(OneDnnBackend, DynamicWeightGemmsFollowTheSettingAndMatchEager) {
+  torch::NoGradGuard no_grad;
+  std::mt19937 rng(2411);
+  auto dim = [&] { return std::uniform_int_distribution<int64_t>(1, 70)(rng); };
+  for (const char* setting : {"0", "1"}) {
+    tc_test::ScopedEnv env("TORCHCOMPILE_ONEDNN_DYNAMIC_GEMM", setting);
+    const bool taken = std::string(setting) == "1";
+    for (int c = 0; c < 24; ++c) {
+      const int64_t M = dim(), K = dim(), N = dim();
+      const int form = c % 5;
+      const bool relu = (c / 5) % 2;
+      SCOPED_TRACE("setting " + std::string(setting) + ", case " + std::to_string(c) + " (form " + std::to_string(form) +
+                   ", M " + std::to_string(M) + ", K " + std::to_string(K) + ", N " + std::to_string(N) + ")");
+      torch::Tensor x = form == 2 ? torch::randn({K, M}).t() : form == 4 ? torch::randn({3, M, K}) : torch::randn({M, K});
+      torch::Tensor w = form == 0 || form == 2 ? torch::randn({K, N}) : torch::randn({N, K}).t();
+      torch::Tensor b = torch::randn({N});
+      auto f = [form, relu](torch::Tensor x, torch::Tensor w, torch::Tensor b) {
+        torch::Tensor y = form == 3 ? torch::addmm(b, x, w) : form == 4 ? torch::matmul(x, w) : x.mm(w);
+        return relu ? torch::relu(y) : y;
+      };
+      Recorder r;
+      auto fast = torch::compile(f, opts(r));
+      for (int call = 0; call < 2; ++call) EXPECT_TRUE(tc_test::tensors_close(f(x, w, b), fast(x, w, b), kRtol, kAtol));
+      const std::vector<std::string> fused = r.fused();
+      if (taken) {
+        ASSERT_EQ(fused.size(), 1u);
+        EXPECT_THAT(fused[0], ::testing::StartsWith("linear"));
+      } else {
+        EXPECT_TRUE(fused.empty()) << fused[0];
+      }
+    }
+    Recorder r;
+    auto lin = linear_then([](torch::Tensor y) { return torch::relu(y); });
+    expect_matches_eager(lin, [] { return torch::randn({5, 24}); }, r);
+    EXPECT_EQ(r.fused(), (std::vector<std::string>{"linear+bias+relu"}));
+  }
+  // A training step: the weights are inputs of AOT's graphs; the backward's GEMMs have
+  // transposed operands.
+  torch::AutoGradMode grad(true);
+  for (const char* setting : {"0", "1"}) {
+    SCOPED_TRACE(std::string("training, setting ") + setting);
+    tc_test::ScopedEnv env("TORCHCOMPILE_ONEDNN_DYNAMIC_GEMM", setting);
+    torch::manual_seed(7);
+    torch::nn::Sequential net(torch::nn::Linear(30, 48), torch::nn::ReLU(), torch::nn::Linear(48, 5));
+    torch::nn::Sequential ref(torch::nn::Linear(30, 48), torch::nn::ReLU(), torch::nn::Linear(48, 5));
+    {
+      torch::NoGradGuard ng;
+      for (size_t i = 0; i < net->parameters().size(); ++i) ref->parameters()[i].copy_(net->parameters()[i]);
+    }
+    auto e = torchcompile::explain("default", net, torch::randn({9, 30}));
+    ASSERT_EQ(e.compiled.size(), 1u);
+    const auto onednn_linear = ::testing::Contains(::testing::HasSubstr("onednn: linear"));
+    if (std::string(setting) == "1") {
+      EXPECT_THAT(e.compiled[0].partition, onednn_linear);
+    } else {
+      EXPECT_THAT(e.compiled[0].partition, ::testing::Not(onednn_linear));
+    }
+    auto fast = torch::compile(net, "default");
+    for (int step = 0; step < 2; ++step) {
+      torch::Tensor x = torch::randn({9, 30});
+      net->zero_grad();
+      ref->zero_grad();
+      fast(x).pow(2).sum().backward();
+      ref->forward(x).pow(2).sum().backward();
+      for (size_t p = 0; p < net->parameters().size(); ++p)
+        EXPECT_TRUE(tc_test::tensors_close(ref->parameters()[p].grad(), net->parameters()[p].grad(), kRtol, kAtol));
+    }
+  }
+}
+
 TEST(OneDnnBackend, NonFiniteValuesThroughFusedActivationsMatchEager) {
   torch::NoGradGuard no_grad;
   torch::manual_seed(41);
@@ -936,7 +1012,10 @@ TEST(OneDnnBackend, NonFiniteValuesThroughFusedActivationsMatchEager) {
     expect_matches_eager(net, [] { return torch::randn({2, 3, 8, 8}); }, r);
     weight.copy_(saved);
   }
-  // Weights as inputs (as training graphs pass them): transposed, and a view with gaps.
+  // Weights as inputs (as training graphs pass them): transposed, and a view with gaps. oneDNN
+  // takes such GEMMs only where its brgemm kernels run them: forced here, to check its path on
+  // every machine.
+  tc_test::ScopedEnv dynamic_gemms("TORCHCOMPILE_ONEDNN_DYNAMIC_GEMM", "1");
   auto relu_mm = [](torch::Tensor x, torch::Tensor w) { return torch::relu(x.mm(w.t())); };
   auto relu_mm_strided = [](torch::Tensor x, torch::Tensor w) { return torch::relu(x.mm(w.t().slice(1, 0, 8, 2))); };
   for (int64_t which : {0, 1, 2, 3}) {
