@@ -2,6 +2,9 @@
 
 #include <torchcompile/ir/graph_module.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <limits>
+
 #include <sstream>
 
 namespace tc_test {
@@ -51,6 +54,37 @@ size_t count_calls(const torchcompile::ir::Graph& g, const std::string& target) 
   auto diff = (expected - actual).abs().max().item<double>();
   return ::testing::AssertionFailure() << "tensors differ: max abs diff " << diff << " (rtol " << rtol << ", atol "
                                        << atol << ")";
+}
+
+::testing::AssertionResult tensors_close_or_as_accurate(const at::Tensor& expected, const at::Tensor& actual,
+                                                        const at::Tensor& reference, const at::Tensor& nudged,
+                                                        double rtol, double atol, double factor) {
+  auto close = tensors_close(expected, actual, rtol, atol);
+  if (close || !expected.defined() || expected.sizes() != actual.sizes() || expected.sizes() != reference.sizes() ||
+      !at::isFloatingType(expected.scalar_type()) || expected.scalar_type() != actual.scalar_type())
+    return close;
+  const at::Tensor e = expected.to(at::kDouble), a = actual.to(at::kDouble), r = reference.to(at::kDouble);
+  at::Tensor sensitivity = (e - r).abs();
+  if (nudged.defined()) sensitivity = at::maximum(sensitivity, (nudged.to(at::kDouble) - e).abs());
+  const at::Tensor near_eager = at::isclose(a, e, rtol, atol, /*equal_nan=*/true);
+  const at::Tensor finite = at::isfinite(e) & at::isfinite(a) & at::isfinite(r) & at::isfinite(sensitivity);
+  const at::Tensor as_accurate = finite & ((a - r).abs() <= atol + rtol * r.abs() + factor * sensitivity);
+  const at::Tensor bad = ~(near_eager | as_accurate);
+  const int64_t n = bad.sum().item<int64_t>();
+  if (n == 0) return ::testing::AssertionSuccess();
+  const int64_t i = bad.reshape({-1}).nonzero()[0][0].item<int64_t>();
+  auto at_i = [i](const at::Tensor& t) { return t.reshape({-1})[i].item<double>(); };
+  return ::testing::AssertionFailure() << n << " element(s) neither close to eager (rtol " << rtol << ", atol " << atol
+                                       << ") nor as accurate (within " << factor << "x eager's sensitivity of the float64 "
+                                       << "result); the first, flat index " << i << ": eager " << at_i(e) << ", got "
+                                       << at_i(a) << ", float64 " << at_i(r) << ", sensitivity " << at_i(sensitivity);
+}
+
+at::Tensor nudged_by_one_ulp(const at::Tensor& t, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const at::Tensor up = at::empty(t.sizes(), t.options().dtype(at::kBool)).bernoulli_(0.5, gen);
+  const at::Tensor inf = at::full({}, std::numeric_limits<double>::infinity(), t.options());
+  return at::nextafter(t, at::where(up, inf, -inf));
 }
 
 ::testing::AssertionResult tensors_equal(const at::Tensor& expected, const at::Tensor& actual) {

@@ -42,6 +42,20 @@ size_t count_calls(const torchcompile::ir::Graph& g, const std::string& target);
 /// exact for integral and bool dtypes).
 ::testing::AssertionResult tensors_close(const at::Tensor& expected, const at::Tensor& actual, double rtol = -1,
                                          double atol = -1);
+/// tensors_close, except that an element of `actual` that is not close to `expected` (eager's
+/// float result) passes if its error against `reference` (the same computation in float64) is
+/// at most `factor` times eager's sensitivity there, plus the tolerance. The sensitivity is the
+/// larger of eager's own error against `reference` and how far eager's result moves when every
+/// input is nudged by one ULP (`nudged`, eager's result then; undefined to leave it out): where
+/// the computation is ill-conditioned (sin of a large value, the square root of a cancelled
+/// difference) two correct float programs differ beyond any fixed tolerance, and there the
+/// result must be as accurate as eager's. Where eager is accurate and the computation stable,
+/// the tolerance is tensors_close's. Non-finite values must match eager's.
+::testing::AssertionResult tensors_close_or_as_accurate(const at::Tensor& expected, const at::Tensor& actual,
+                                                        const at::Tensor& reference, const at::Tensor& nudged,
+                                                        double rtol, double atol, double factor = 4);
+/// `t` with each float element moved by one ULP (towards +inf or -inf at random, from `gen`'s seed).
+at::Tensor nudged_by_one_ulp(const at::Tensor& t, uint64_t seed);
 /// Bitwise equality (same shape, dtype, and every element identical).
 ::testing::AssertionResult tensors_equal(const at::Tensor& expected, const at::Tensor& actual);
 

@@ -18,6 +18,7 @@
 
 using tc_test::ScopedEnv;
 using tc_test::tensors_close;
+using tc_test::tensors_close_or_as_accurate;
 
 namespace {
 
@@ -417,16 +418,20 @@ TEST_P(FusedOps, RandomProgramsMatchEager) {
     ASSERT_EQ(e.compiled[0].backend, "fused") << e;
     ASSERT_EQ(partition_of(e).find("interpreter"), std::string::npos) << e;
     auto compiled = torch::compile(fn, "fused");
-    auto [e0, e1] = fn(x, b);
-    auto [a0, a1] = second_call(compiled, x, b);
-    ASSERT_TRUE(tensors_close(e0, a0, kRtol, kAtol) && tensors_close(e1, a1, kRtol, kAtol))
-        << "seed " << seed << ", program " << i << "\n"
-        << torchcompile::explain("fused", fn, x, b);
+    // Against eager, or, where a composition is ill-conditioned (sin of exp, sqrt of gelu's tail),
+    // at least as accurate as eager against the float64 program.
+    auto matches = [&](torch::Tensor x, torch::Tensor b, const std::tuple<torch::Tensor, torch::Tensor>& got) {
+      auto [e0, e1] = fn(x, b);
+      auto [r0, r1] = fn(x.to(torch::kDouble), b.to(torch::kDouble));
+      auto [n0, n1] = fn(tc_test::nudged_by_one_ulp(x, seed), tc_test::nudged_by_one_ulp(b, seed + 1));
+      auto m0 = tensors_close_or_as_accurate(e0, std::get<0>(got), r0, n0, kRtol, kAtol);
+      return m0 ? tensors_close_or_as_accurate(e1, std::get<1>(got), r1, n1, kRtol, kAtol) : m0;
+    };
+    auto first = matches(x, b, second_call(compiled, x, b));
+    ASSERT_TRUE(first) << "seed " << seed << ", program " << i << "\n" << torchcompile::explain("fused", fn, x, b);
     // A replay with new values (same shapes) too.
     auto x2 = torch::randn(p.shape), b2 = torch::randn(p.bshape);
-    auto [f0, f1] = fn(x2, b2);
-    auto [c0, c1] = compiled(x2, b2);
-    ASSERT_TRUE(tensors_close(f0, c0, kRtol, kAtol) && tensors_close(f1, c1, kRtol, kAtol)) << "replay " << i;
+    ASSERT_TRUE(matches(x2, b2, compiled(x2, b2))) << "seed " << seed << ", replay " << i;
   }
 }
 
