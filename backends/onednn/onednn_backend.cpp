@@ -148,9 +148,10 @@ bool is_ref_impl(const char* impl) {
 // A GEMM whose weight is not a module attribute (both operands activations, or the weights
 // AOT's training graphs take as inputs) cannot be prepacked: oneDNN reads it in its plain layout
 // on every call. oneDNN runs such a GEMM faster than the BLAS ATen calls only with its brgemm
-// kernels (AVX-512 machines with oneDNN 2.6). Its other f32 GEMM (`gemm:jit`, oneDNN 2.6's on
-// AVX2 machines) measured 0.5-1.1x OpenBLAS on the GEMMs of transformer and MLP training steps
-// (0.5x with a transposed first operand, as weight gradients have), so there ATen runs it.
+// kernels (AVX-512 machines with oneDNN 2.6). Its other f32 GEMM (`gemm:jit`, what oneDNN 2.6
+// and 3.7 use on AVX2 machines) measured 0.5-1.1x OpenBLAS on the GEMMs of transformer and MLP
+// training steps (0.5x with a transposed first operand, as weight gradients have), so there ATen
+// runs it.
 // TORCHCOMPILE_ONEDNN_DYNAMIC_GEMM=1 / 0 overrides. (Read at each compile.)
 bool dynamic_gemm_pays(const md_t& src, const md_t& wei) {
   const char* e = std::getenv("TORCHCOMPILE_ONEDNN_DYNAMIC_GEMM");
