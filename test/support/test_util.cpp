@@ -69,8 +69,9 @@ size_t count_calls(const torchcompile::ir::Graph& g, const std::string& target) 
   const at::Tensor near_eager = at::isclose(a, e, rtol, atol, /*equal_nan=*/true);
   const at::Tensor finite = at::isfinite(e) & at::isfinite(a) & at::isfinite(r) & at::isfinite(sensitivity);
   const at::Tensor tolerance = atol + rtol * r.abs();
-  // Where a one-ULP nudge moves eager's result by more than 1000 tolerances, the float result is
-  // rounding noise (sin of a huge exp): any finite value is as good as eager's.
+  // Where eager's sensitivity (its own error, or how far a one-ULP nudge moves it) exceeds 1000
+  // tolerances, the float result is rounding noise (sin of a huge exp): any finite value is as
+  // good as eager's.
   const at::Tensor noise = sensitivity > 1000 * tolerance;
   const at::Tensor as_accurate = finite & (noise | ((a - r).abs() <= tolerance + factor * sensitivity));
   const at::Tensor bad = ~(near_eager | as_accurate);

@@ -50,13 +50,13 @@ size_t count_calls(const torchcompile::ir::Graph& g, const std::string& target);
 /// the computation is ill-conditioned (sin of a large value, the square root of a cancelled
 /// difference) two correct float programs differ beyond any fixed tolerance, and there the
 /// result must be as accurate as eager's. Where eager is accurate and the computation stable,
-/// the tolerance is tensors_close's. Where that nudge moves eager's result by more than 1000
-/// tolerances, the float result is rounding noise, and any finite value passes. Non-finite
-/// values must match eager's.
+/// the tolerance is tensors_close's. Where eager's sensitivity exceeds 1000 tolerances, the
+/// float result is rounding noise, and any finite value passes. Non-finite values must match
+/// eager's.
 ::testing::AssertionResult tensors_close_or_as_accurate(const at::Tensor& expected, const at::Tensor& actual,
                                                         const at::Tensor& reference, const at::Tensor& nudged,
                                                         double rtol, double atol, double factor = 4);
-/// `t` with each float element moved by one ULP (towards +inf or -inf at random, from `gen`'s seed).
+/// `t` with each float element moved by one ULP (towards +inf or -inf at random, drawn from `seed`).
 at::Tensor nudged_by_one_ulp(const at::Tensor& t, uint64_t seed);
 /// Bitwise equality (same shape, dtype, and every element identical).
 ::testing::AssertionResult tensors_equal(const at::Tensor& expected, const at::Tensor& actual);

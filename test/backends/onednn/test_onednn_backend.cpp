@@ -894,9 +894,6 @@ TEST(OneDnnBackend, TransposedConvolutionShapesMatchEager) {
   EXPECT_TRUE(r.fused().empty());
 }
 
-// ---- NaN and infinity through fused activations ----------------------------------------------------
-// oneDNN's relu and clip post-ops map NaN to a number; ATen keeps it. A group fusing one runs its
-// nodes through ATen on a call whose inputs (or weights) hold a NaN or an infinity.
 // GEMMs whose second operand is not a module attribute (it cannot be prepacked) go to oneDNN only
 // where its brgemm kernels run them; elsewhere ATen does (TORCHCOMPILE_ONEDNN_DYNAMIC_GEMM=1 / 0
 // overrides). Random shapes and layouts (transposed operands as training graphs have them, 3-D
@@ -959,6 +956,9 @@ TEST(OneDnnBackend, DynamicWeightGemmsFollowTheSettingAndMatchEager) {
   }
 }
 
+// ---- NaN and infinity through fused activations ----------------------------------------------------
+// oneDNN's relu and clip post-ops map NaN to a number; ATen keeps it. A group fusing one runs its
+// nodes through ATen on a call whose inputs (or weights) hold a NaN or an infinity.
 TEST(OneDnnBackend, NonFiniteValuesThroughFusedActivationsMatchEager) {
   torch::NoGradGuard no_grad;
   torch::manual_seed(41);
