@@ -12,6 +12,9 @@
 #   --out-dir DIR         where RESULTS.md and speedups.png go (default test/benchmarks)
 #   --no-build            use the existing binary in BUILD_DIR
 #   --no-chart            do not draw speedups.png (and do not install gnuplot)
+#   --chart-from FILE     only redraw speedups.png (in --out-dir) from FILE, without building or
+#                         running anything: a TSV written by bench_models --results_tsv, or a
+#                         RESULTS.md written by this script (its median table is read)
 #   -h, --help            this text
 # Arguments after `--` go to bench_models, e.g. -- --benchmark_filter='M[12]/' (a filtered
 # run is marked as partial in RESULTS.md).
@@ -20,10 +23,12 @@
 # The defaults take about 4-5 minutes on a quiet 2-core machine (estimate: --quick takes ~1 min;
 # most of the time goes to M5 and its training step); the run notes in RESULTS.md how busy the
 # machine was (CPU time of other processes during the run) and flags a busy one.
-# The speedup chart is drawn by gnuplot's png terminal (Debian package gnuplot-nox; installed with
-# apt-get when missing and running as root, otherwise the chart is skipped with a warning): a
-# clustered bar chart is a few lines of gnuplot, while a self-contained PNG writer would need
-# its own font rendering for the labels.
+# The speedup chart is drawn by gnuplot's pngcairo terminal (Debian package gnuplot-nox; installed
+# with apt-get when missing and running as root, otherwise the chart is skipped with a warning): a
+# bar chart is a short gnuplot script, while a self-contained PNG writer would need its own font
+# rendering for the labels. The chart has a log speedup axis with bars drawn from 1x (up: faster
+# than eager, down: slower), one panel for inference rows and one for training steps (rows with
+# an aot_eager figure), the same colour for a mode in both, and the `default` figure on its bar.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -36,6 +41,7 @@ first_call_reps=3
 quick=0
 do_build=1
 do_chart=1
+chart_from=
 invocation="${BUILD_DIR:+BUILD_DIR=$BUILD_DIR }${JOBS:+JOBS=$JOBS }scripts/bench-models.sh $*"
 
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
@@ -49,12 +55,181 @@ while [[ $# -gt 0 ]]; do
     --out-dir) out_dir=$(mkdir -p "$2" && cd "$2" && pwd); shift 2 ;;
     --no-build) do_build=0; shift ;;
     --no-chart) do_chart=0; shift ;;
+    --chart-from) chart_from=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     --) shift; break ;;
     *) echo "bench-models.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 extra=("$@")
+
+# ---- the chart (speedups.png) ------------------------------------------------------------------
+ensure_gnuplot() {
+  command -v gnuplot >/dev/null && return 0
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    echo "bench-models.sh: installing gnuplot-nox for the chart"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q --no-install-recommends gnuplot-nox >/dev/null ||
+      { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends gnuplot-nox >/dev/null; } || true
+  fi
+  command -v gnuplot >/dev/null
+}
+
+# tsv_from_results_md RESULTS.md: prints the TSV bench_models --results_tsv would have written
+# (model id, then one column per compiled mode with a figure; "?" = none), read from the
+# "Median ms per call" table's "(1.37x)" speedups. Row ids come from the "Dynamic shapes" table,
+# which lists the same rows in the same order by id; without it, from the first word of each name.
+tsv_from_results_md() {
+  awk -F'|' '
+    function trim(s) { gsub(/^[ \t]+|[ \t]+$/, "", s); return s }
+    /^## / { section = ($0 ~ /^## Median ms per call/) ? "median" : ($0 ~ /^## Dynamic shapes/) ? "dyn" : ""; next }
+    section == "" || $0 !~ /^\|/ || $0 ~ /^\|---/ { next }
+    section == "median" && trim($2) == "model" { for (c = 4; c < NF; c++) mode[c] = trim($c); last = NF - 1; next }
+    section == "median" { n++; name[n] = trim($2)
+      for (c = 4; c <= last; c++) {
+        cell = $c; v = "?"
+        if (match(cell, /\(([0-9.]+)x\)/)) { v = substr(cell, RSTART + 1, RLENGTH - 3); has[c] = 1 }
+        val[n, c] = v } next }
+    section == "dyn" && trim($2) != "id" { ids++; id[ids] = trim($2) }
+    END {
+      if (n == 0) { print "bench-models.sh: no median table found" > "/dev/stderr"; exit 1 }
+      line = "model"; for (c = 4; c <= last; c++) if (has[c]) line = line "\t" mode[c]; print line
+      for (r = 1; r <= n; r++) {
+        if (ids == n) line = id[r]; else { split(name[r], w, " "); line = w[1] }
+        for (c = 4; c <= last; c++) if (has[c]) line = line "\t" val[r, c]
+        print line } }' "$1"
+}
+
+# draw_chart TSV PNG TITLE: the speedup of every compiled mode (TSV columns) per model (TSV rows)
+# on a log axis, bars drawn from 1x; inference rows on the left, training steps on the right.
+draw_chart() {
+  local tsv=$1 png=$2 title=$3 dir
+  dir=$(mktemp -d)
+  # awk writes one gnuplot fragment per panel (its data, x tics and plot command) and the shared
+  # y axis, so that gnuplot only draws: a mode keeps its colour and key entry in both panels.
+  awk -F'\t' -v dir="$dir" '
+    function color(m) {
+      if (m == "eager-backend") return "#8c8c8c"; if (m == "eager-backend dyn") return "#c8c8c8"
+      if (m == "torchscript") return "#8172b3"; if (m == "onednn") return "#4c72b0"
+      if (m == "fused") return "#55a868"; if (m == "aot_eager") return "#dd8452"
+      if (m == "default") return "#c44e52"; if (m == "default dyn") return "#eea0a2"
+      return "#937860" }
+    # the label of a `default` bar: 53×, 5.1×, 1.79×
+    function fmt(v) { return sprintf("sprintf(%s>=10?\"%%.0f×\":%s>=2?\"%%.1f×\":\"%%.2f×\",%s)", v, v, v) }
+    function tics(lo, hi,   t, i, s) {
+      split("0.01 0.02 0.05 0.1 0.2 0.5 1 2 5 10 20 50 100 200 500 1000 2000 5000", t, " ")
+      s = ""; for (i = 1; i in t; i++) if (t[i] + 0 >= lo && t[i] + 0 <= hi) s = s (s == "" ? "" : ", ") "\"" t[i] "×\" " t[i]
+      return s }
+    NR == 1 { ncol = NF; for (c = 2; c <= NF; c++) { mode[c] = $c; if ($c == "aot_eager") aot = c }; next }
+    NF < 2 { next }
+    { p = ($1 ~ /-train$/ || (aot && $aot != "?" && $aot != "")) ? 2 : 1
+      i = n[p]++; id[p, i] = $1
+      for (c = 2; c <= ncol; c++) {
+        v = ($c == "" ? "?" : $c); val[p, i, c] = v
+        if (v != "?" && v + 0 > 0) { has[p, c] = 1; any[c] = 1; v += 0
+          if (!seen || v < lo) lo = v; if (!seen || v > hi) hi = v; seen = 1 } } }
+    END {
+      if (!seen) { print "bench-models.sh: no speedups to plot" > "/dev/stderr"; exit 1 }
+      # y range: from a round value below the slowest (at most 0.5x) to one above the fastest,
+      # with room for the labels (at least 2x).
+      split("0.01 0.02 0.05 0.1 0.2 0.5", lows, " "); ymin = 0.01
+      for (i = 1; i in lows; i++) if (lows[i] + 0 <= lo / 1.15) ymin = lows[i] + 0
+      split("2 5 10 20 50 100 200 500 1000 2000 5000", highs, " "); ymax = 5000
+      for (i = 11; i >= 1; i--) if (highs[i] + 0 >= hi * 1.6) ymax = highs[i] + 0
+      printf "set yrange [%g:%g]\nset ytics (%s)\n", ymin, ymax, tics(ymin, ymax) > (dir "/axis.gp")
+      for (p = 1; p <= 2; p++) {
+        f = dir "/panel" p ".gp"
+        if (!n[p]) { print "" > f; continue }
+        data = dir "/panel" p ".dat"
+        for (i = 0; i < n[p]; i++) { line = i; for (c = 2; c <= ncol; c++) line = line "\t" val[p, i, c]; print line > data }
+        xt = ""; for (i = 0; i < n[p]; i++) xt = xt (i ? ", " : "") "\"" id[p, i] "\" " i
+        printf "set xrange [-0.5:%g]\nset xtics (%s)\n", n[p] - 0.5, xt > f
+        # bars side by side within a group, as wide as the modes this panel has
+        k = 0; for (c = 2; c <= ncol; c++) if (has[p, c]) k++
+        w = 0.84 / k; j = 0; cmd = "plot "
+        for (c = 2; c <= ncol; c++) {
+          if (!has[p, c]) {  # key entry only, so that both panels list every mode
+            cmd = cmd sprintf("NaN with boxes lc rgb \"%s\" title \"%s\", ", color(mode[c]), mode[c]); continue }
+          off = (j - (k - 1) / 2) * w; j++
+          x = sprintf("($1%+.4f)", off); v = sprintf("column(%d)", c)
+          cmd = cmd sprintf("\"%s\" using %s:(%s):(%s-%.4f):(%s+%.4f):(%s<1?%s:1):(%s<1?1:%s) with boxxyerror lc rgb \"%s\" title \"%s\", ",
+                            data, x, v, x, w / 2, x, w / 2, v, v, v, v, color(mode[c]), mode[c])
+          if (mode[c] == "default") {  # its figure in its column, beyond the end of the bar
+            lab = " with labels rotate by 90 %s font \",10\" textcolor rgb \"#7a1f22\" notitle, "
+            cmd = cmd sprintf("\"%s\" using %s:(%s>=1?%s*1.06:NaN):(%s)" lab, data, x, v, v, fmt(v), "left")
+            cmd = cmd sprintf("\"%s\" using %s:(%s<1?%s/1.06:NaN):(%s)" lab, data, x, v, v, fmt(v), "right") }
+        }
+        print substr(cmd, 1, length(cmd) - 2) >> f } }' "$tsv" || { rm -rf "$dir"; return 1; }
+  local left_end=0.97 has_train=0
+  if [[ -s $dir/panel2.dat ]]; then
+    has_train=1
+    # panel widths in proportion to their rows
+    left_end=$(awk -v a="$(wc -l < "$dir/panel1.dat" 2>/dev/null || echo 0)" -v b="$(wc -l < "$dir/panel2.dat")" \
+      'BEGIN { printf "%.3f", 0.07 + 0.88 * a / (a + b) }')
+  fi
+  gnuplot <<EOF
+set terminal pngcairo size 1600,720 font ",12" noenhanced
+set output "$png.tmp"
+set datafile separator "\t"
+set datafile missing "?"
+set logscale y
+load "$dir/axis.gp"
+set grid ytics lc rgb "#d0d0d0"
+set border 3
+set xtics nomirror scale 0 font ",12"
+set ytics nomirror
+set style fill solid 0.9 border lc rgb "#303030"
+set arrow 1 from graph 0, first 1 to graph 1, first 1 nohead linewidth 2 linecolor rgb "black" front
+set key at screen 0.5, screen 0.895 center center horizontal maxrows 1 maxcols 12 reverse Left samplen 1.5 width 2 font ",12"
+set multiplot title "$title" font ",14"
+set tmargin at screen 0.80
+set bmargin at screen 0.08
+$( [[ -s $dir/panel1.dat ]] && cat <<PANEL1
+set lmargin at screen 0.07
+set rmargin at screen $left_end
+set ylabel "speedup over eager (log scale)"
+set title "inference (NoGradGuard)" font ",12"
+load "$dir/panel1.gp"
+unset ylabel
+unset key
+PANEL1
+)
+$( [[ $has_train == 1 ]] && cat <<PANEL2
+set lmargin at screen $(awk -v l="$left_end" 'BEGIN { printf "%.3f", l + 0.035 }')
+set rmargin at screen 0.99
+set title "training step (forward + backward)" font ",12"
+load "$dir/panel2.gp"
+PANEL2
+)
+unset multiplot
+EOF
+  local status=$?
+  rm -rf "$dir"
+  [[ $status == 0 ]] && mv "$png.tmp" "$png"
+  return $status
+}
+
+if [[ -n $chart_from ]]; then
+  [[ -f $chart_from ]] || { echo "bench-models.sh: $chart_from not found" >&2; exit 1; }
+  ensure_gnuplot || { echo "bench-models.sh: gnuplot not found (apt-get install gnuplot-nox, as root)" >&2; exit 1; }
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  title="Speedup over eager LibTorch (median, same run)"
+  if [[ $chart_from == *.md ]]; then
+    tsv_from_results_md "$chart_from" > "$tmp/speedups.tsv"
+    # the run's LibTorch, date and revision, as the run itself titled its chart
+    run_libtorch=$(sed -n 's/^- LibTorch (libtorch-dev): \([^+;]*\).*/\1/p' "$chart_from" | head -1)
+    run_date=$(sed -n 's/^- Date: \([0-9-]*\).*/\1/p' "$chart_from" | head -1)
+    run_rev=$(sed -n 's/^- Git revision: \([^ ]*\).*/\1/p' "$chart_from" | head -1)
+    title="Speedup over eager LibTorch${run_libtorch:+ $run_libtorch} (median, same run)${run_date:+, $run_date}${run_rev:+, $run_rev}"
+    grep -q '^> \*\*Not for comparison' "$chart_from" && title="$title — QUICK RUN, not for comparison"
+  else
+    cp "$chart_from" "$tmp/speedups.tsv"
+  fi
+  draw_chart "$tmp/speedups.tsv" "$out_dir/speedups.png" "$title"
+  echo "bench-models.sh: wrote $out_dir/speedups.png (from $chart_from)"
+  exit 0
+fi
 
 # Without these, glibc returns every freed block of >= 32 MiB (dynamic threshold) to the kernel
 # and page-faults it back on the next call, which distorts eager timings.
@@ -157,45 +332,21 @@ results=$out_dir/RESULTS.md
 mv "$results.tmp" "$results"
 
 # ---- speedups.png ------------------------------------------------------------------------------
-ensure_gnuplot() {
-  command -v gnuplot >/dev/null && return 0
-  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
-    echo "bench-models.sh: installing gnuplot-nox for the chart"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -q --no-install-recommends gnuplot-nox >/dev/null ||
-      { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends gnuplot-nox >/dev/null; } || true
-  fi
-  command -v gnuplot >/dev/null
-}
-
 png=$out_dir/speedups.png
 if [[ $do_chart == 1 ]]; then
   columns=$(head -1 "$tmp/speedups.tsv" | awk -F'\t' '{print NF}')
   if [[ $columns -lt 2 ]]; then
     echo "bench-models.sh: no compiled mode has results; no chart" >&2
   elif ensure_gnuplot; then
-    title="Speedup over eager LibTorch (median, same run), $(date -u +%Y-%m-%d), ${revision%% *}"
+    libtorch_version=$(dpkg-query -W -f='${Version}' libtorch-dev 2>/dev/null || true)
+    title="Speedup over eager LibTorch${libtorch_version:+ ${libtorch_version%%+*}} (median, same run), $(date -u +%Y-%m-%d), ${revision%% *}"
     [[ $quick == 1 ]] && title="$title — QUICK RUN, not for comparison"
-    gnuplot <<EOF
-set terminal png size 1200,600 font ",11" noenhanced
-set output "$png.tmp"
-set datafile separator "\t"
-set datafile missing "?"
-set title "$title"
-set ylabel "speedup over eager (×)"
-set style data histograms
-set style histogram clustered gap 1
-set style fill solid 0.85 border -1
-set boxwidth 0.9
-set yrange [0:*]
-set grid ytics
-set key outside right top vertical
-set xtics nomirror
-set arrow from graph 0, first 1 to graph 1, first 1 nohead dashtype 2 linewidth 2 linecolor rgb "black"
-plot for [i=2:$columns] "$tmp/speedups.tsv" using i:xtic(1) title columnheader(i)
-EOF
-    mv "$png.tmp" "$png"
-    echo "bench-models.sh: wrote $png"
+    if draw_chart "$tmp/speedups.tsv" "$png" "$title"; then
+      echo "bench-models.sh: wrote $png"
+    else
+      echo "bench-models.sh: gnuplot failed; no chart" >&2
+      sed -i '/^!\[Speedup over eager/{N;d}' "$results"
+    fi
   else
     echo "bench-models.sh: gnuplot not found (apt-get install gnuplot-nox, as root); no chart" >&2
     sed -i '/^!\[Speedup over eager/{N;d}' "$results"
