@@ -1,4 +1,4 @@
-// Models of the benchmark suite (README: Benchmarks) shared by the demo, the benchmarks and the
+// Models of the benchmark suite (test/benchmarks/RESULTS.md) shared by the demo, the benchmarks and the
 // tests (same shapes everywhere).
 #pragma once
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the overhead benchmark (test/benchmarks/bench_overhead.cpp) and run it with glibc's
-# malloc tuned (large freed tensors stay in the process; see README: Benchmarks). Extra arguments go to the benchmark, e.g.
+# malloc tuned (large freed tensors stay in the process; see docs/testing.md, "Benchmarks"). Extra arguments go to the benchmark, e.g.
 #   scripts/bench.sh --benchmark_filter=M1 --benchmark_repetitions=5
 # Environment: BUILD_DIR (default build/), JOBS (build parallelism, default nproc).
 set -euo pipefail

@@ -1,6 +1,6 @@
 #include "eager_backend.h"
 
-#include <torchcompile/aot.h>
+#include <torchcompile/aot/aot_autograd.h>
 #include <torchcompile/ir/interpreter.h>
 
 

@@ -3,8 +3,8 @@
 #include "fused_program.h"
 #include "row_program.h"
 
-#include <torchcompile/aot.h>
-#include <torchcompile/backends/partition.h>
+#include <torchcompile/aot/aot_autograd.h>
+#include <torchcompile/compile/partitioner.h>
 
 namespace torchcompile::backends {
 

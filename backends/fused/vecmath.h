@@ -7,7 +7,7 @@
 // compiled for three ISAs in three translation units, and the linker must never merge them (internal linkage).
 //
 // Maximum errors over all 2^32 floats, against double-precision references (measured exhaustively for the AVX-512
-// and the SSE2 builds; test/backends/fused/test_vecmath.cpp checks every 409th float and the special values on each
+// and the SSE2 builds; backends/fused/tests/test_vecmath.cpp checks every 409th float and the special values on each
 // ISA, and asserts bounds just above these):
 //   exp 1.04 ULP   expm1 1.66   log 0.89   log1p 1.03   tanh 5.60 (6.61 SSE2)   sigmoid 2.40   erf 5.90 (7.24 SSE2)
 //   sin 1.58   cos 1.58   gelu_erf 3.29 (3.34 SSE2; x >= 0, absolute error below 9.7e-7 for x < 0)   gelu_tanh 3.46

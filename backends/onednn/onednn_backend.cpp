@@ -4,7 +4,7 @@
 #include "onednn_runtime.h"
 #include "onednn_rnn.h"
 
-#include <torchcompile/backends/partition.h>
+#include <torchcompile/compile/partitioner.h>
 #include <torchcompile/ir/interpreter.h>
 #include <torchcompile/ir/op_step.h>
 #include <torchcompile/ir/op_properties.h>

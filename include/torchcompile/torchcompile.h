@@ -21,15 +21,19 @@
 // calls it in place, so its state persists across calls (it runs on tracing calls only).
 #pragma once
 
-#include <torchcompile/aot.h>                     // aot_autograd, decompositions
-#include <torchcompile/backends/compile_report.h> // decline(), CompileReport
-#include <torchcompile/backends/registry.h>       // Backend, register_backend, fallback_chain
-#include <torchcompile/dynamic.h>                 // mark_dynamic, mark_static
-#include <torchcompile/frontend/compiled.h>       // torch::compile, Compiled, torchcompile::call
-#include <torchcompile/frontend/explain.h>        // explain
-#include <torchcompile/frontend/fields.h>         // Fields, TORCHCOMPILE_FIELDS
-#include <torchcompile/hooks.h>                   // module hooks and state_dict hooks
-#include <torchcompile/ir/callable.h>             // user functions as node targets, register_callable
-#include <torchcompile/ir/graph_module.h>         // GraphModule, what backends receive
-#include <torchcompile/ir/interpreter.h>          // Interpreter (with overrides), interpreter_fn
-#include <torchcompile/runtime/compile_options.h> // CompileOptions
+#include <torchcompile/aot/aot_autograd.h>         // aot_autograd, decompositions
+#include <torchcompile/backends/backend.h>         // Backend, CompiledFn, Claim, decline()
+#include <torchcompile/backends/registry.h>        // register_backend, lookup_backend, plugins
+#include <torchcompile/compile/chain.h>            // fallback_chain
+#include <torchcompile/compile/compile_report.h>   // CompileReport
+#include <torchcompile/compile/partitioner.h>      // partitioned_backend, partition_backend
+#include <torchcompile/frontend/compiled.h>        // torch::compile, Compiled, torchcompile::call
+#include <torchcompile/frontend/explain.h>         // explain
+#include <torchcompile/frontend/fields.h>          // Fields, TORCHCOMPILE_FIELDS
+#include <torchcompile/hooks/hooks.h>              // module hooks and state_dict hooks
+#include <torchcompile/ir/callable.h>              // user functions as node targets, register_callable
+#include <torchcompile/ir/graph_module.h>          // GraphModule, what backends receive
+#include <torchcompile/ir/interpreter.h>           // Interpreter (with overrides), interpreter_fn
+#include <torchcompile/runtime/compile_options.h>  // CompileOptions
+#include <torchcompile/runtime/mark_dynamic.h>     // mark_dynamic, mark_static
+#include <torchcompile/support/logging.h>          // TORCHCOMPILE_LOGS, logging::set_logs

@@ -1,9 +1,9 @@
 // aot_autograd(): the backend wrapper, and the runtime that runs a compiled forward/backward
 // pair as one torch::autograd::Function.
 #include "aot/aot_internal.h"
-#include <torchcompile/logging.h>
+#include <torchcompile/support/logging.h>
 
-#include "compile/pipeline.h"
+#include <torchcompile/backends/backend.h>
 
 #include <torchcompile/ir/interpreter.h>
 #include <torchcompile/ir/passes.h>
@@ -234,7 +234,7 @@ std::vector<at::Tensor> Runtime::call(const c10::intrusive_ptr<Runtime>& self, s
   std::vector<at::Tensor> ps = self->gather(inputs);
   if (self->shared_memory_fallback && self->updated_primal_shares_memory(ps)) {
     if (!self->told_shared_memory.exchange(true))
-      TORCHCOMPILE_LOG(runtime::LogKind::Graph, "aot_autograd: a tensor the graph updates in place shares memory "
+      TORCHCOMPILE_LOG(logging::LogKind::Graph, "aot_autograd: a tensor the graph updates in place shares memory "
                        "with another of its inputs or module state; such calls run the graph with the interpreter");
     for (size_t k = 0; k < ps.size(); ++k)
       if (self->primals[k].input >= 0) inputs[self->primals[k].input] = std::move(ps[k]);
@@ -290,7 +290,7 @@ Backend aot_autograd(Backend fw_compiler, Backend bw_compiler, DecompositionTabl
     }
     // The steps below are steps of the compile pipeline: timed into the graph's report and
     // logged with TORCHCOMPILE_LOGS=passes; the partitioned graphs are linted.
-    std::optional<pipeline::TimedStep> step;
+    std::optional<TimedStep> step;
     step.emplace("aot: joint graph (functionalized forward and backward)");
     JointGraph joint = aot::build_joint(gm, example_inputs, decompositions);
     step.emplace("aot: partition");
@@ -298,11 +298,11 @@ Backend aot_autograd(Backend fw_compiler, Backend bw_compiler, DecompositionTabl
     ir::lint(part.forward->graph());
     if (part.backward) ir::lint(part.backward->graph());
     step.reset();
-    if (runtime::log_enabled(runtime::LogKind::Graph)) {
-      runtime::log(runtime::LogKind::Graph, "aot_autograd: joint graph:\n" + ir::to_text(joint.gm->graph()));
-      runtime::log(runtime::LogKind::Graph, "aot_autograd: forward graph:\n" + ir::to_text(part.forward->graph()));
+    if (logging::log_enabled(logging::LogKind::Graph)) {
+      logging::log(logging::LogKind::Graph, "aot_autograd: joint graph:\n" + ir::to_text(joint.gm->graph()));
+      logging::log(logging::LogKind::Graph, "aot_autograd: forward graph:\n" + ir::to_text(part.forward->graph()));
       if (part.backward)
-        runtime::log(runtime::LogKind::Graph, "aot_autograd: backward graph:\n" + ir::to_text(part.backward->graph()));
+        logging::log(logging::LogKind::Graph, "aot_autograd: backward graph:\n" + ir::to_text(part.backward->graph()));
     }
     auto rt = c10::make_intrusive<aot::Runtime>();
     rt->primals = std::move(joint.primals);

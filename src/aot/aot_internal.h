@@ -1,8 +1,8 @@
 // AOT autograd internals: the joint graph, the partitioner, and what the runtime needs to map a
-// captured graph's call onto the forward/backward pair. See include/torchcompile/aot.h.
+// captured graph's call onto the forward/backward pair. See include/torchcompile/aot/aot_autograd.h.
 #pragma once
 
-#include <torchcompile/aot.h>
+#include <torchcompile/aot/aot_autograd.h>
 #include <torchcompile/ir/graph_module.h>
 
 #include <memory>
@@ -43,7 +43,7 @@ struct JointGraph {
   bool training = false;                  ///< a backward exists
 };
 
-/// Trace the joint graph of `gm` (README: Training, AOT autograd). Throws a c10::Error saying why when
+/// Trace the joint graph of `gm` (docs/training.md). Throws a c10::Error saying why when
 /// the graph cannot be lifted. Uses and restores the CPU generator's state; leaves every tensor
 /// it was given untouched.
 JointGraph build_joint(const ir::GraphModule& gm, const std::vector<at::Tensor>& example_inputs,

@@ -1,5 +1,5 @@
 // The decomposition table and the built-in decompositions (torch._decomp in C++).
-#include <torchcompile/aot.h>
+#include <torchcompile/aot/aot_autograd.h>
 
 #include <ATen/ATen.h>
 

@@ -7,7 +7,7 @@
 #include <torchcompile/ir/interpreter.h>
 #include <torchcompile/ir/op_properties.h>
 
-#include "runtime/call_state.h"
+#include "ir/effects.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -245,7 +245,7 @@ JointGraph build_joint(const ir::GraphModule& gm, const std::vector<at::Tensor>&
   // captured by a lambda) is lifted too, so that its gradient flows, and so is one the graph
   // updates in place (a tensor captured by a lambda that the forward accumulates into), so that
   // the update is written back.
-  const std::vector<std::string> written = runtime::effects_of(gm).written_attributes;
+  const std::vector<std::string> written = ir::effects_of(gm).written_attributes;
   auto is_written = [&](const std::string& name) {
     return std::find(written.begin(), written.end(), name) != written.end();
   };

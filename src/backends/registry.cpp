@@ -1,4 +1,4 @@
-// The registry of named backends and the composable fallback chain.
+// The registry of named backends: name -> {backend, optional claim, tags, origin}.
 //
 // One process-wide table, a function-local static guarded by a mutex. The built-in backends
 // are registered lazily, exactly once, by the first registry operation (not by static
@@ -9,9 +9,6 @@
 
 #include "backends/builtin.h"
 #include "backends/registry_internal.h"
-#include "compile/pipeline.h"
-
-#include <torchcompile/ir/interpreter.h>
 
 #include <c10/util/Exception.h>
 
@@ -33,6 +30,7 @@ namespace {
 
 struct Entry {
   Backend fn;
+  Claim claim;  // empty: the backend cannot be part of a partitioned composition
   std::vector<std::string> tags;
   std::string origin;  // "built-in", "registered in code", "plugin '/path/libx.so'"
 };
@@ -145,7 +143,7 @@ void register_backends_atomically(std::vector<PendingBackend> backends, const st
                 "', which is already registered (", it == r.entries.end() ? "" : it->second.origin, ")");
     TORCH_CHECK(seen.insert(b.name).second, origin, " registers backend '", b.name, "' twice");
   }
-  for (auto& b : backends) r.entries[b.name] = Entry{std::move(b.fn), std::move(b.tags), origin};
+  for (auto& b : backends) r.entries[b.name] = Entry{std::move(b.fn), Claim(), std::move(b.tags), origin};
 }
 
 }  // namespace detail
@@ -159,7 +157,41 @@ void register_backend(const std::string& name, Backend fn, std::vector<std::stri
   auto it = r.entries.find(name);
   TORCH_CHECK(it == r.entries.end(), "register_backend: backend '", name, "' is already registered (",
               it == r.entries.end() ? "" : it->second.origin, ")");
-  r.entries.emplace(name, Entry{std::move(fn), std::move(tags), current_origin()});
+  r.entries.emplace(name, Entry{std::move(fn), Claim(), std::move(tags), current_origin()});
+}
+
+void register_backend(const std::string& name, Backend fn, Claim claim, std::vector<std::string> tags) {
+  TORCH_CHECK(claim, "register_backend: expected a claim function for backend '", name, "'");
+  register_backend(name, std::move(fn), std::move(tags));
+  register_claim(name, std::move(claim));
+}
+
+void register_claim(const std::string& name, Claim claim) {
+  ensure_builtins();
+  TORCH_CHECK(claim, "register_claim: expected a claim function for backend '", name, "'");
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.entries.find(name);
+  TORCH_CHECK(it != r.entries.end(), "register_claim: expected a registered backend, got '", name,
+              "' (register the backend before its claim)");
+  TORCH_CHECK(!it->second.claim, "register_claim: backend '", name, "' already has a claim");
+  it->second.claim = std::move(claim);
+}
+
+bool has_claim(const std::string& name) {
+  ensure_builtins();
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.entries.find(name);
+  return it != r.entries.end() && it->second.claim;
+}
+
+Claim lookup_claim(const std::string& name) {
+  ensure_builtins();
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.entries.find(name);
+  return it == r.entries.end() ? Claim() : it->second.claim;
 }
 
 Backend lookup_backend(const std::string& name) {
@@ -211,40 +243,6 @@ std::vector<std::string> list_backends(const std::vector<std::string>& exclude_t
     if (!excluded) names.push_back(name);
   }
   return names;  // already sorted: std::map
-}
-
-Backend fallback_chain(std::vector<std::string> names) {
-  // Which failing backends this chain has already warned about: once per backend per chain,
-  // not once per compiled graph.
-  struct WarnedOnce {
-    std::mutex mutex;
-    std::set<std::string> names;
-  };
-  auto warned = std::make_shared<WarnedOnce>();
-  return [names = std::move(names), warned](GraphModule& gm, const std::vector<at::Tensor>& example_inputs) -> CompiledFn {
-    for (const std::string& name : names) {
-      std::string failure;
-      try {
-        if (CompiledFn fn = pipeline::call_backend(lookup_backend(name), name, gm, example_inputs)) return fn;
-        continue;  // declined (recorded with its reason): try the next one
-      } catch (const c10::Error& e) {
-        failure = e.what_without_backtrace();
-      } catch (const std::exception& e) {
-        failure = e.what();
-      } catch (...) {
-        failure = "unknown exception";
-      }
-      bool first;
-      {
-        std::lock_guard<std::mutex> lock(warned->mutex);
-        first = warned->names.insert(name).second;
-      }
-      if (first) TORCH_WARN("fallback_chain: backend '", name, "' failed, trying the next one: ", failure);
-    }
-    // Every backend declined or failed: run the graph with the interpreter.
-    if (CompileReport* report = detail::current_report()) report->backend = "interpreter";
-    return ir::interpreter_fn(gm);
-  };
 }
 
 }  // namespace torchcompile

@@ -1,11 +1,21 @@
-// CompileReport and the decline/partition calls backends make while the pipeline runs them.
-#include <torchcompile/backends/compile_report.h>
+// CompileReport, and the scope that records a backend's answers (backends/backend.h) into it.
+#include <torchcompile/compile/compile_report.h>
 
 namespace torchcompile {
 
 namespace {
-thread_local std::string t_decline_reason;
 thread_local CompileReport* t_report = nullptr;
+
+// Writes what backends report into one CompileReport.
+class ReportListener final : public detail::CompileListener {
+ public:
+  explicit ReportListener(CompileReport* report) : report_(report) {}
+  void on_partition(std::string part) override { report_->partition.push_back(std::move(part)); }
+  void on_step(const std::string& name, double ms) override { report_->steps.push_back({name, ms}); }
+
+ private:
+  CompileReport* report_;
+};
 }  // namespace
 
 std::vector<std::string> CompileReport::describe() const {
@@ -21,27 +31,21 @@ std::vector<std::string> CompileReport::describe() const {
   return lines;
 }
 
-CompiledFn decline(std::string reason) {
-  t_decline_reason = std::move(reason);
-  return CompiledFn();
-}
-
-void report_partition(std::string part) {
-  if (t_report) t_report->partition.push_back(std::move(part));
-}
-
 namespace detail {
-
-std::string take_decline_reason() {
-  std::string r = std::move(t_decline_reason);
-  t_decline_reason.clear();
-  return r;
-}
 
 CompileReport* current_report() { return t_report; }
 
-ReportScope::ReportScope(CompileReport* report) : previous_(t_report) { t_report = report; }
-ReportScope::~ReportScope() { t_report = previous_; }
+ReportScope::ReportScope(CompileReport* report)
+    : previous_(t_report),
+      listener_(report ? std::make_unique<ReportListener>(report) : nullptr),
+      scope_(std::make_unique<ListenerScope>(listener_.get())) {
+  t_report = report;
+}
+
+ReportScope::~ReportScope() {
+  scope_.reset();
+  t_report = previous_;
+}
 
 }  // namespace detail
 }  // namespace torchcompile

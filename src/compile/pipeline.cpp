@@ -1,12 +1,13 @@
 #include "compile/pipeline.h"
 
 #include "repro/repro_internal.h"
+#include "support/error_text.h"
 
 #include <torchcompile/ir/interpreter.h>
 #include <torchcompile/ir/passes.h>
 #include <torchcompile/ir/printer.h>
 #include <torchcompile/ir/split.h>
-#include <torchcompile/logging.h>
+#include <torchcompile/support/logging.h>
 
 #include <c10/util/Exception.h>
 
@@ -14,11 +15,11 @@
 #include <optional>
 #include <unordered_set>
 
-namespace torchcompile::pipeline {
+namespace torchcompile::compile_stage {
 
 namespace {
 
-using runtime::LogKind;
+using logging::LogKind;
 
 // Drop attributes no get_attr node reads any more (after dead-code elimination).
 void remove_unused_attributes(GraphModule& gm) {
@@ -31,30 +32,7 @@ void remove_unused_attributes(GraphModule& gm) {
   for (const auto& name : unused) gm.remove_attribute(name);
 }
 
-std::string format_ms(double ms) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3f ms", ms);
-  return buf;
-}
-
 }  // namespace
-
-TimedStep::TimedStep(std::string name, const GraphModule* gm)
-    : name_(std::move(name)), gm_(gm), start_(std::chrono::steady_clock::now()) {
-  if (gm_ && runtime::log_enabled(LogKind::Passes)) before_ = ir::to_text(gm_->graph());
-}
-
-TimedStep::~TimedStep() {
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_).count();
-  if (CompileReport* r = detail::current_report()) r->steps.push_back({name_, ms});
-  if (!runtime::log_enabled(LogKind::Passes)) return;
-  std::string msg = "step " + name_ + " (" + format_ms(ms) + ")";
-  if (gm_) {
-    std::string after = ir::to_text(gm_->graph());
-    msg += after == before_ ? ": graph unchanged" : ", graph after it:\n" + after;
-  }
-  runtime::log(LogKind::Passes, msg);
-}
 
 CompiledFn call_backend(const Backend& backend, const std::string& name, GraphModule& gm,
                         const std::vector<at::Tensor>& example_inputs) {
@@ -69,7 +47,7 @@ CompiledFn call_backend(const Backend& backend, const std::string& name, GraphMo
   try {
     fn = backend(gm, example_inputs);
   } catch (const std::exception& e) {
-    record(BackendAttempt::Outcome::Failed, repro::detail::error_message(e));
+    record(BackendAttempt::Outcome::Failed, support::error_message(e));
     throw;
   }
   std::string reason = detail::take_decline_reason();
@@ -109,7 +87,7 @@ CompiledGraph compile_graph(GraphModule& gm, const std::vector<at::Tensor>& exam
     } catch (const std::exception& e) {
       if (repro_cfg) {
         repro::detail::write_failure(*repro_cfg, *as_received, example_inputs, backend_name,
-                                     repro::Failure::CompileError, repro::detail::error_message(e),
+                                     repro::Failure::CompileError, support::error_message(e),
                                      repro::detail::rng_state());
       }
       throw;
@@ -121,12 +99,12 @@ CompiledGraph compile_graph(GraphModule& gm, const std::vector<at::Tensor>& exam
     out.fn = ir::interpreter_fn(gm);
     out.report.backend = "interpreter";
   }
-  if (runtime::log_enabled(LogKind::Passes)) {
+  if (logging::log_enabled(LogKind::Passes)) {
     std::string msg = "torch::compile(" + owner + "): graph ";
     for (const auto& line : out.report.describe()) msg += line + "\n";
-    runtime::log(LogKind::Passes, msg);
+    logging::log(LogKind::Passes, msg);
   }
   return out;
 }
 
-}  // namespace torchcompile::pipeline
+}  // namespace torchcompile::compile_stage

@@ -1,16 +1,16 @@
 // The compile pipeline: from a graph the tracer closed to a compiled function, one step per
 // line, each timed and logged (TORCHCOMPILE_LOGS=passes), with a record of which backend
-// compiled the graph and what was declined on the way (CompileReport).
+// compiled the graph and what was declined on the way (CompileReport). Steps are timed with
+// TimedStep (backends/backend.h), which backends and aot_autograd use too.
 #pragma once
 
-#include <torchcompile/backends/compile_report.h>
-#include <torchcompile/backends/registry.h>
+#include <torchcompile/compile/compile_report.h>
 
-#include <chrono>
 #include <string>
 #include <vector>
 
-namespace torchcompile::pipeline {
+// The namespace is not `compile`: torchcompile::compile is the function that compiles a module.
+namespace torchcompile::compile_stage {
 
 struct CompiledGraph {
   CompiledFn fn;
@@ -29,20 +29,4 @@ CompiledGraph compile_graph(GraphModule& gm, const std::vector<at::Tensor>& exam
 CompiledFn call_backend(const Backend& backend, const std::string& name, GraphModule& gm,
                         const std::vector<at::Tensor>& example_inputs);
 
-/// One timed step: its time goes into the current report and, with TORCHCOMPILE_LOGS=passes,
-/// into the log, with the graph when `gm` is given and the step changed it.
-class TimedStep {
- public:
-  TimedStep(std::string name, const GraphModule* gm = nullptr);
-  ~TimedStep();
-  TimedStep(const TimedStep&) = delete;
-  TimedStep& operator=(const TimedStep&) = delete;
-
- private:
-  std::string name_;
-  const GraphModule* gm_;
-  std::string before_;  // the graph's text before the step (only while logging)
-  std::chrono::steady_clock::time_point start_;
-};
-
-}  // namespace torchcompile::pipeline
+}  // namespace torchcompile::compile_stage

@@ -2,7 +2,7 @@
 // holding an immutable snapshot of its hooks that calls read without holding a lock for long.
 #pragma once
 
-#include <torchcompile/hooks.h>
+#include <torchcompile/hooks/hooks.h>
 
 #include <atomic>
 #include <cstdint>

@@ -85,9 +85,9 @@ std::unique_ptr<GraphModule> copy_module(const GraphModule& gm) {
   return out;
 }
 
-std::vector<std::vector<const Node*>> partition_by_support(const Graph& g,
-                                                           const std::function<bool(const Node&)>& supported,
-                                                           size_t min_size) {
+std::vector<std::vector<const Node*>> group_by_support(const Graph& g,
+                                                       const std::function<bool(const Node&)>& supported,
+                                                       size_t min_size) {
   std::vector<std::vector<const Node*>> runs;
   std::vector<const Node*> run;
   auto close = [&] {

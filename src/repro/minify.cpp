@@ -1,6 +1,6 @@
 // The minifier: shrink a failing graph while it still fails the same way, with the interpreter
 // as the oracle for accuracy failures; and the standalone program that replays a repro.
-#include <torchcompile/repro.h>
+#include <torchcompile/repro/repro.h>
 
 #include "repro/repro_internal.h"
 
@@ -258,7 +258,7 @@ void write_program(const Repro& r, const std::string& dir) {
       << "// Run:   build/repro [repro directory]   (exit status 1: it fails as recorded)\n"
       << "#include <torchcompile/backends/registry.h>\n"
       << "#include <torchcompile/ir/interpreter.h>\n"
-      << "#include <torchcompile/repro.h>\n\n"
+      << "#include <torchcompile/repro/repro.h>\n\n"
       << "#include <ATen/CPUGeneratorImpl.h>\n"
       << "#include <c10/util/Exception.h>\n\n"
       << "#include <iostream>\n\n"

@@ -1,7 +1,8 @@
 // Repro directories: writing, reading, replaying, and the accuracy comparison.
-#include <torchcompile/repro.h>
+#include <torchcompile/repro/repro.h>
 
 #include "repro/repro_internal.h"
+#include "support/error_text.h"
 
 #include "backends/registry_internal.h"
 
@@ -148,16 +149,11 @@ at::Tensor rng_state() {
   return gen.get_state();
 }
 
-std::string error_message(const std::exception& e) {
-  if (auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
-  return e.what();
-}
-
 }  // namespace detail
 
 using detail::copy_tensors;
 using detail::copy_with_attributes;
-using detail::error_message;
+using support::error_message;
 using detail::RngScope;
 
 const char* failure_name(Failure f) {

@@ -1,9 +1,9 @@
 // Shared by the repro files: copies that a run cannot change, and the generator's state.
 #pragma once
 
-#include <torchcompile/backends/compile_report.h>
+#include <torchcompile/backends/backend.h>
 #include <torchcompile/ir/graph_module.h>
-#include <torchcompile/repro.h>
+#include <torchcompile/repro/repro.h>
 
 #include <ATen/core/Tensor.h>
 
@@ -34,9 +34,6 @@ class RngScope {
 };
 /// The default CPU generator's state now.
 at::Tensor rng_state();
-
-/// The message of an exception (c10::Error without its backtrace).
-std::string error_message(const std::exception& e);
 
 /// TORCHCOMPILE_REPRO_* as read at a compile (nullopt: repros are off).
 struct Config {

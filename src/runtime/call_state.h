@@ -3,6 +3,8 @@
 // the start when it reaches a branch value with no compiled continuation.
 #pragma once
 
+#include "ir/effects.h"
+
 #include <torchcompile/ir/graph_module.h>
 
 #include <ATen/core/Generator.h>
@@ -16,20 +18,8 @@
 
 namespace torchcompile::runtime {
 
-/// The state a compiled graph may change besides its outputs.
-struct GraphEffects {
-  std::vector<size_t> written_inputs;           ///< placeholder positions written (directly or through views)
-  std::vector<std::string> written_attributes;  ///< get_attr targets written
-  bool random = false;                          ///< draws random numbers
-  bool opaque = false;                          ///< calls a module opaquely (anything it owns may change)
-
-  bool any() const { return random || opaque || !written_inputs.empty() || !written_attributes.empty(); }
-};
-
-/// Reads a graph's effects from its nodes: in-place and out= arguments (followed back through
-/// views to what owns their memory), random operators, call_module nodes (whose tensor
-/// arguments count as written).
-GraphEffects effects_of(const ir::GraphModule& gm);
+using ir::effects_of;
+using ir::GraphEffects;
 
 /// Copies of tensors and of the default CPU generator's state, written back by restore().
 class StateSnapshot {

@@ -7,10 +7,10 @@
 
 #include <torchcompile/capture/tracer.h>
 #include <torchcompile/ir/split.h>
-#include <torchcompile/logging.h>
+#include <torchcompile/support/logging.h>
 
 #include "capture/observed.h"
-#include "runtime/dynamic.h"
+#include "runtime/dynamic_entry.h"
 #include "runtime/guards.h"
 #include "runtime/trace_session.h"
 #include "runtime/trace_tree.h"
@@ -128,7 +128,7 @@ std::shared_ptr<const CompiledEntry> CompiledFunction::lookup(const CallArgs& ar
     last_reason_ = entries_.front()->guards().failure_reason(args);
   }
   if (!entries_.empty() || !hooks_reason.empty())
-    TORCHCOMPILE_LOG(LogKind::Recompiles, "torch::compile(", name_, "): recompiling: ", last_reason_, " (",
+    TORCHCOMPILE_LOG(logging::LogKind::Recompiles, "torch::compile(", name_, "): recompiling: ", last_reason_, " (",
                      entries_.size(), " cached entries)");
   if (entries_.size() < options_.cache_size_limit) return nullptr;
   if (!overflow_entry_)
@@ -204,7 +204,7 @@ std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, 
                                                           OutputSpec& spec) {
   auto guards = GuardSet::build(args, root_, options_.input_names);
   const auto names = tensor_input_names(args, options_.input_names);
-  // Dynamic shapes (runtime/dynamic.h): candidates, an observed trace, symbols.
+  // Dynamic shapes (runtime/dynamic_entry.h): candidates, an observed trace, symbols.
   const std::vector<Candidate> candidates =
       dynamic_candidates(options_.dynamic, args, names, *size_history_, name_);
   // Why the trace cannot tell which candidates host code read (then a dynamic entry runs the
@@ -245,10 +245,10 @@ std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, 
     } else {
       entry = std::make_shared<CompiledEntry>(shared_guards, std::move(root), names, std::move(eager_reason));
     }
-    if (log_enabled(LogKind::Guards)) {
+    if (logging::log_enabled(logging::LogKind::Guards)) {
       std::string msg = "torch::compile(" + name_ + "): guards of the new entry:";
       for (const auto& line : entry->guards().describe()) msg += "\n  " + line;
-      runtime::log(LogKind::Guards, msg);
+      logging::log(logging::LogKind::Guards, msg);
     }
     std::lock_guard<std::mutex> lock(mutex_);
     entries_.insert(entries_.begin(), std::move(entry));
@@ -298,7 +298,7 @@ std::vector<at::Tensor> CompiledFunction::run_replayed(const CompiledEntry& entr
           replays.trees.insert(key, std::make_shared<CompiledEntry>(entry.guards_, std::move(root), entry.input_names_,
                                                                     failure));
       if (eager) warn_once("replay:" + failure, failure + "; those sizes run eagerly");
-      TORCHCOMPILE_LOG(LogKind::Dynamic, "torch::compile(", name_, "): new sizes ", replays.plan.key_str(key),
+      TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", name_, "): new sizes ", replays.plan.key_str(key),
                        ": traced the forward again", eager ? " (" + failure + "; these sizes run eagerly)" : "",
                        " (", count, " sizes compiled)");
       return traced.outputs;

@@ -1,9 +1,9 @@
-// Dynamic shapes (runtime/dynamic.h) and the dimension marks of torchcompile/dynamic.h.
-#include "runtime/dynamic.h"
+// Dynamic shapes (runtime/dynamic_entry.h) and the dimension marks of torchcompile/runtime/mark_dynamic.h.
+#include "runtime/dynamic_entry.h"
 
 #include <torchcompile/capture/tracer.h>
-#include <torchcompile/dynamic.h>
-#include <torchcompile/logging.h>
+#include <torchcompile/runtime/mark_dynamic.h>
+#include <torchcompile/support/logging.h>
 
 #include "compile/pipeline.h"
 
@@ -140,9 +140,9 @@ std::string DynamicPlan::key_str(const SizeKey& key) const {
 std::vector<Candidate> dynamic_candidates(const std::optional<bool>& dynamic, const CallArgs& args,
                                           const std::vector<std::string>& names, SizeHistory& history,
                                           const std::string& owner) {
-  const bool logging = log_enabled(LogKind::Dynamic);
+  const bool log_dynamic = logging::log_enabled(logging::LogKind::Dynamic);
   auto say = [&](const std::string& msg) {
-    if (logging) runtime::log(LogKind::Dynamic, "torch::compile(" + owner + "): " + msg);
+    if (log_dynamic) logging::log(logging::LogKind::Dynamic, "torch::compile(" + owner + "): " + msg);
   };
   std::vector<Candidate> out;
   const size_t n = args.tensors.size();
@@ -212,7 +212,7 @@ DynamicPlan plan_symbols(const std::vector<Candidate>& candidates, uint64_t read
   plan.input_names = names;
   auto stays_static = [&](const Candidate& c, const std::string& why) {
     const std::string what = dim_name(names, c.input, c.dim);
-    TORCHCOMPILE_LOG(LogKind::Dynamic, "torch::compile(", owner, "): ", what, " stays static: ", why);
+    TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", owner, "): ", what, " stays static: ", why);
     if (c.marked)
       TORCH_WARN("torch::compile(", owner, "): mark_dynamic: ", what, " stays static: ", why);
   };
@@ -232,7 +232,7 @@ DynamicPlan plan_symbols(const std::vector<Candidate>& candidates, uint64_t read
     if (read >> k & 1) {
       const std::string& where = k < first_reads.size() ? first_reads[k] : std::string();
       reads += (reads.empty() ? "" : ", ") + (where.empty() ? what : where);
-      TORCHCOMPILE_LOG(LogKind::Dynamic, "torch::compile(", owner, "): ", what, ": host code read it",
+      TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", owner, "): ", what, ": host code read it",
                        where.empty() ? std::string() : " (" + where + ")",
                        "; a symbol whose new sizes run the forward again");
     }
@@ -259,10 +259,10 @@ DynamicPlan plan_symbols(const std::vector<Candidate>& candidates, uint64_t read
     else if (!reads.empty())
       plan.replay_reason = "host code read " + reads + " (integers or branches of the trace may depend on it)";
   }
-  if (log_enabled(LogKind::Dynamic)) {
+  if (logging::log_enabled(logging::LogKind::Dynamic)) {
     const std::vector<std::string> lines = plan.describe();
     for (size_t i = 0; i < lines.size(); ++i)
-      runtime::log(LogKind::Dynamic,
+      logging::log(logging::LogKind::Dynamic,
                    "torch::compile(" + owner + "): " + (i < plan.symbols.size() ? "symbol " : "") + lines[i]);
   }
   return plan;
@@ -312,7 +312,7 @@ std::vector<at::Tensor> ShapeSpecializations::specialize(const SizeKey& key, con
   std::string how;
   if (gm) {
     try {
-      pipeline::CompiledGraph compiled = pipeline::compile_graph(*gm, inputs, backend_, backend_name_, owner_);
+      compile_stage::CompiledGraph compiled = compile_stage::compile_graph(*gm, inputs, backend_, backend_name_, owner_);
       fn = [gm, compiled = std::move(compiled.fn)](const std::vector<at::Tensor>& in) { return compiled(in); };
       how = "compiled by '" + backend_name_ + "'";
     } catch (const std::exception& e) {
@@ -327,7 +327,7 @@ std::vector<at::Tensor> ShapeSpecializations::specialize(const SizeKey& key, con
     fn = [generic](const std::vector<at::Tensor>& in) { return generic->forward(in); };
   }
   const size_t count = compiled_.insert(key, std::make_shared<const CompiledFn>(std::move(fn)));
-  TORCHCOMPILE_LOG(LogKind::Dynamic, "torch::compile(", owner_, "): new sizes ", plan_.key_str(key), ": ", how, " (",
+  TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", owner_, "): new sizes ", plan_.key_str(key), ": ", how, " (",
                    count, " sizes compiled)");
   return outputs;
 }

@@ -1,4 +1,4 @@
-#include <torchcompile/runtime/explain.h>
+#include <torchcompile/runtime/explain_output.h>
 
 #include <torchcompile/ir/printer.h>
 

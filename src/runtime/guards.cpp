@@ -1,7 +1,7 @@
 #include "runtime/guards.h"
 
 #include "hooks/hooks_internal.h"
-#include "runtime/dynamic.h"
+#include "runtime/dynamic_entry.h"
 
 #include <torchcompile/compat.h>
 

@@ -2,11 +2,11 @@
 // recorded segments compiled through the pipeline into a chain of the trace tree.
 #include "runtime/trace_session.h"
 
-#include "repro/repro_internal.h"
+#include "support/error_text.h"
 
 #include <torchcompile/capture/tracer.h>
 #include <torchcompile/ir/printer.h>
-#include <torchcompile/logging.h>
+#include <torchcompile/support/logging.h>
 
 #include "capture/observed.h"
 #include "compile/pipeline.h"
@@ -94,7 +94,7 @@ TracedRun trace_forward(const CompiledFunction& fn, const GuardSet& guards, cons
   if (tracer.failed()) {
     t.failure = tracer.failure()->reason;
     t.records.clear();
-    TORCHCOMPILE_LOG(LogKind::GraphBreaks, "torch::compile(", fn.name(), "): trace abandoned: ", t.failure);
+    TORCHCOMPILE_LOG(logging::LogKind::GraphBreaks, "torch::compile(", fn.name(), "): trace abandoned: ", t.failure);
   }
   t.slots = capture::slot_tensors(tracer);
   if (observed) {
@@ -114,22 +114,22 @@ std::unique_ptr<Segment> compile_chain(TracedRun& traced, size_t from, const Out
     auto seg = std::make_unique<Segment>();
     seg->gm = std::shared_ptr<GraphModule>(std::move(r.gm));
     seg->key = ir::GraphKey(seg->gm->graph());
-    TORCHCOMPILE_LOG(LogKind::Graph, "torch::compile(", name, "): captured graph:\n", ir::to_text(seg->gm->graph()));
+    TORCHCOMPILE_LOG(logging::LogKind::Graph, "torch::compile(", name, "): captured graph:\n", ir::to_text(seg->gm->graph()));
     seg->input_slots = r.input_slots;
     seg->output_slots = r.output_slots;
     seg->effects = effects_of(*seg->gm);
     std::vector<at::Tensor> example_inputs;
     for (uint32_t s : seg->input_slots) example_inputs.push_back(traced.slots.at(s));
     try {
-      pipeline::CompiledGraph compiled = pipeline::compile_graph(*seg->gm, example_inputs, backend, backend_name, name);
+      compile_stage::CompiledGraph compiled = compile_stage::compile_graph(*seg->gm, example_inputs, backend, backend_name, name);
       seg->fn = std::move(compiled.fn);
       seg->report = std::move(compiled.report);
     } catch (const std::exception& e) {
-      failure = "backend '" + backend_name + "' failed to compile: " + repro::detail::error_message(e);
+      failure = "backend '" + backend_name + "' failed to compile: " + support::error_message(e);
     }
     if (!failure.empty()) return nullptr;
     if (r.branch) {
-      TORCHCOMPILE_LOG(LogKind::GraphBreaks, "torch::compile(", name, "): graph break: data-dependent host read ",
+      TORCHCOMPILE_LOG(logging::LogKind::GraphBreaks, "torch::compile(", name, "): graph break: data-dependent host read ",
                        ir::op_target_name(r.branch->op), " returned ", capture::key_repr(r.branch->key));
       seg->branch = std::make_unique<BranchPoint>(*r.branch);
     }

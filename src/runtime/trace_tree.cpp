@@ -3,7 +3,7 @@
 // queries an entry answers about its tree.
 #include "runtime/trace_tree.h"
 
-#include "runtime/dynamic.h"
+#include "runtime/dynamic_entry.h"
 #include "runtime/guards.h"
 #include "runtime/trace_session.h"
 

@@ -70,7 +70,7 @@ std::vector<at::Tensor> CompiledFunction::call_verified(const CallArgs& args, co
     }
     TORCH_WARN("torch::compile(", name_, ") verify: ", mismatch,
                ". Does the forward depend on host state the trace cannot see (a read of tensor data outside "
-               "the dispatcher, a counter)? See the README's Limitations");
+               "the dispatcher, a counter)? See docs/limitations.md (Host reads of tensor data)");
   }
   return actual;
 }

@@ -2,7 +2,7 @@
 // and shrink it to the smallest graph that still fails the same way.
 #include <torchcompile/backends/registry.h>
 #include <torchcompile/ir/printer.h>
-#include <torchcompile/repro.h>
+#include <torchcompile/repro/repro.h>
 
 #include <filesystem>
 #include <iostream>

@@ -6,7 +6,7 @@
 
 #include <c10/core/CPUAllocator.h>
 
-#include <torchcompile/aot.h>
+#include <torchcompile/aot/aot_autograd.h>
 #include <torchcompile/compat.h>
 #include <torchcompile/ir/interpreter.h>
 #include <torchcompile/ir/op_properties.h>

@@ -1,5 +1,5 @@
 # Configure, build and run test_runtime (graph breaks, fuzzing, parity, signatures), test_aot, test_dynamic,
-# test_repro and the onednn backend's tests (test_backends, OneDnn*)
+# test_repro and the onednn backend's tests (test_onednn, backends/onednn/tests/)
 # with AddressSanitizer and UndefinedBehaviorSanitizer. Any UB report aborts the run, and the
 # vptr check is off (see TORCHCOMPILE_SANITIZE in the top-level CMakeLists.txt).
 #
@@ -24,7 +24,7 @@ execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${BINARY_DIR} -G ${
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "asan: configure failed")
 endif()
-execute_process(COMMAND ${CMAKE_COMMAND} --build ${BINARY_DIR} --target test_runtime test_aot test_dynamic test_repro test_backends RESULT_VARIABLE rc)
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${BINARY_DIR} --target test_runtime test_aot test_dynamic test_repro test_onednn RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "asan: build failed")
 endif()
@@ -51,7 +51,7 @@ execute_process(COMMAND ${BINARY_DIR}/test/test_repro RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "asan: test_repro failed under AddressSanitizer/UBSan (exit ${rc})")
 endif()
-execute_process(COMMAND ${BINARY_DIR}/test/test_backends "--gtest_filter=OneDnn*" RESULT_VARIABLE rc)
+execute_process(COMMAND ${BINARY_DIR}/backends/onednn/test_onednn RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "asan: the onednn tests failed under AddressSanitizer/UBSan (exit ${rc})")
 endif()

@@ -3,7 +3,7 @@
 #include "support/test_util.h"
 
 #include <torchcompile/backends/registry.h>
-#include <torchcompile/logging.h>
+#include <torchcompile/support/logging.h>
 #include <torchcompile/torchcompile.h>
 #include <torchcompile/ir/graph.h>
 #include <torchcompile/ir/graph_module.h>
@@ -95,12 +95,12 @@ TEST(Plugin, DeclineReasonReachesExplainAndTheLogs) {
   EXPECT_THAT(printed.str(), HasSubstr("Graph 1: run by the interpreter"));
   EXPECT_THAT(printed.str(), HasSubstr("declined by example: the graph has no operators"));
 
-  torchcompile::runtime::set_logs("passes");
+  torchcompile::logging::set_logs("passes");
   ::testing::internal::CaptureStderr();
   auto f = torch::compile(identity, "example");
   EXPECT_TRUE(tc_test::tensors_equal(a, f(a)));
   const std::string log = ::testing::internal::GetCapturedStderr();
-  torchcompile::runtime::reset_logs();
+  torchcompile::logging::reset_logs();
   EXPECT_THAT(log, HasSubstr("declined by example: the graph has no operators")) << log;
 
   // A graph with operators is compiled by it, and explain says so.

@@ -1,5 +1,4 @@
-// The backend registry: registration rules, listing with tags, lookup errors, the composable
-// fallback chain. Tests share one process-wide registry, so each registers its own names.
+// The backend registry: registration rules, claims, listing with tags, lookup errors. Tests share one process-wide registry, so each registers its own names.
 #include "support/test_util.h"
 
 #include <torchcompile/backends/registry.h>
@@ -131,58 +130,37 @@ TEST(Registry, LookupUnknownListsKnownBackends) {
   EXPECT_FALSE(torchcompile::has_backend("reg_test_no_such_backend"));
 }
 
-TEST(Registry, FallbackChainSkipsThrowingAndDecliningBackends) {
-  std::vector<std::string> tried;
-  torchcompile::register_backend("reg_test_fc_throws", [&](GraphModule&, const std::vector<at::Tensor>&) -> CompiledFn {
-    tried.push_back("throws");
-    throw std::runtime_error("cannot compile this");
-  });
-  torchcompile::register_backend("reg_test_fc_declines", [&](GraphModule&, const std::vector<at::Tensor>&) -> CompiledFn {
-    tried.push_back("declines");
-    return {};
-  });
+// A claim is part of a backend's entry: attached when the backend is registered or later, once,
+// and only to a registered backend.
+TEST(Registry, ClaimsBelongToRegisteredBackends) {
   auto count = std::make_shared<std::atomic<int>>(0);
-  torchcompile::register_backend("reg_test_fc_works", counting_backend(count));
+  auto cos_only = torchcompile::claim_if([](const torchcompile::ir::Node& n) { return n.target() == "aten::cos"; });
+  EXPECT_THAT(error_of([&] { torchcompile::register_claim("reg_test_claim_unknown", cos_only); }),
+              HasSubstr("expected a registered backend, got 'reg_test_claim_unknown'"));
+  EXPECT_FALSE(torchcompile::has_backend("reg_test_claim_unknown"));
 
-  auto x = torch::randn({3, 2});
+  torchcompile::register_backend("reg_test_claimed", counting_backend(count), cos_only);
+  EXPECT_TRUE(torchcompile::has_claim("reg_test_claimed"));
+  auto x = torch::randn({4});
   auto gm = cos_graph(x);
-  Backend chain = torchcompile::fallback_chain({"reg_test_fc_throws", "reg_test_fc_declines", "reg_test_fc_works"});
-  CompiledFn fn = chain(*gm, {x});
-  ASSERT_TRUE(fn);
-  EXPECT_EQ(tried, (std::vector<std::string>{"throws", "declines"}));
-  EXPECT_EQ(count->load(), 1);
-  auto out = fn({x});
-  ASSERT_EQ(out.size(), 1u);
-  EXPECT_TRUE(tc_test::tensors_close(x.cos(), out[0]));
-}
+  torchcompile::Claim claim = torchcompile::lookup_claim("reg_test_claimed");
+  ASSERT_TRUE(claim);
+  EXPECT_EQ(claim(*gm, {x}).size(), 1u);
+  EXPECT_THAT(error_of([&] { torchcompile::register_claim("reg_test_claimed", cos_only); }),
+              HasSubstr("backend 'reg_test_claimed' already has a claim"));
+  EXPECT_THAT(error_of([&] { torchcompile::register_backend("reg_test_claimed_empty", counting_backend(count),
+                                                            torchcompile::Claim()); }),
+              HasSubstr("expected a claim function"));
 
-TEST(Registry, FallbackChainEndsInInterpreter) {
-  int throws = 0, declines = 0;
-  torchcompile::register_backend("reg_test_fc2_throws", [&](GraphModule&, const std::vector<at::Tensor>&) -> CompiledFn {
-    ++throws;
-    TORCH_CHECK(false, "this backend always fails");
-  });
-  torchcompile::register_backend("reg_test_fc2_declines", [&](GraphModule&, const std::vector<at::Tensor>&) -> CompiledFn {
-    ++declines;
-    return {};
-  });
-
-  auto x = torch::randn({5});
-  auto gm = cos_graph(x);
-  // An unknown name in the chain is just another failing backend.
-  Backend chain = torchcompile::fallback_chain({"reg_test_fc2_throws", "reg_test_fc_no_such", "reg_test_fc2_declines"});
-  CompiledFn fn = chain(*gm, {x});
-  ASSERT_TRUE(fn);
-  EXPECT_EQ(throws, 1);
-  EXPECT_EQ(declines, 1);
-  auto out = fn({x});
-  ASSERT_EQ(out.size(), 1u);
-  EXPECT_TRUE(tc_test::tensors_close(x.cos(), out[0]));
-
-  // An empty chain runs the graph with the interpreter too.
-  CompiledFn plain = torchcompile::fallback_chain({})(*gm, {x});
-  ASSERT_TRUE(plain);
-  EXPECT_TRUE(tc_test::tensors_close(x.cos(), plain({x}).at(0)));
+  torchcompile::register_backend("reg_test_claimed_later", counting_backend(count));
+  EXPECT_FALSE(torchcompile::has_claim("reg_test_claimed_later"));
+  EXPECT_FALSE(torchcompile::lookup_claim("reg_test_claimed_later"));
+  EXPECT_FALSE(torchcompile::lookup_claim("reg_test_no_such_backend"));
+  torchcompile::register_claim("reg_test_claimed_later", cos_only);
+  EXPECT_TRUE(torchcompile::has_claim("reg_test_claimed_later"));
+  // Built-ins that compositions use carry their claims.
+  for (const char* name : {"onednn", "fused"})
+    if (torchcompile::has_backend(name)) EXPECT_TRUE(torchcompile::has_claim(name)) << name;
 }
 
 TEST(Registry, ConcurrentRegistrationAndLookup) {

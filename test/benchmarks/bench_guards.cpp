@@ -17,7 +17,7 @@
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
 
-#include "runtime/dynamic.h"
+#include "runtime/dynamic_entry.h"
 #include "runtime/guards.h"
 
 #include <memory>

@@ -1,4 +1,4 @@
-// The model benchmark suite: models M1-M8 and four coverage rows (the README's benchmark models; fp32, seed 0,
+// The model benchmark suite: models M1-M8 and four coverage rows (test/benchmarks/RESULTS.md; fp32, seed 0,
 // 2 intra-op threads), each in every mode whose backend is registered, with medians, speedups
 // over eager from the same run, first-call (trace + compile) times and the targets.
 //
@@ -58,7 +58,7 @@
 // The tables are also printed to stdout at the end.
 //
 // Run with glibc malloc tuned (scripts/bench-models.sh sets MALLOC_MMAP_THRESHOLD_ and
-// MALLOC_TRIM_THRESHOLD_ as the README states).
+// MALLOC_TRIM_THRESHOLD_ as docs/testing.md ("Benchmarks") states).
 #include "bench_context.h"
 
 #include <benchmark/benchmark.h>

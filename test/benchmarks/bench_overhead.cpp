@@ -157,7 +157,7 @@ Case& noop() {
 
 // M7: seed 000's toy_example with its data-dependent branch (a graph break). `b` is fixed, so
 // every call takes an already traced branch: the cost of a break on the hit path. (With a new
-// float every call the branch value is never known and the forward re-runs; see README.)
+// float every call the branch value is never known and the forward re-runs; see docs/limitations.md, "Graph breaks".)
 torch::Tensor toy_example(torch::Tensor a, torch::Tensor b) {
   auto x = a / (torch::abs(a) + 1);
   if (b.sum().item<float>() < 0) b = b * -1;

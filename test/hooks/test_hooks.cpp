@@ -5,7 +5,7 @@
 
 #include <gmock/gmock.h>
 
-#include <torchcompile/logging.h>
+#include <torchcompile/support/logging.h>
 
 #include <map>
 
@@ -243,11 +243,11 @@ TEST(Hooks, RemovingAHookAfterCompilationRecompilesWithTheReason) {
   EXPECT_EQ(fired, 1);
   h.remove();
   EXPECT_FALSE(h.active());
-  torchcompile::runtime::set_logs("recompiles");
+  torchcompile::logging::set_logs("recompiles");
   ::testing::internal::CaptureStderr();
   auto y = fast(x);
   std::string log = ::testing::internal::GetCapturedStderr();
-  torchcompile::runtime::reset_logs();
+  torchcompile::logging::reset_logs();
   EXPECT_TRUE(tensors_close(net->forward(x), y));
   EXPECT_EQ(fired, 1);
   const std::string reason = fast.state().last_recompile_reason();

@@ -1,4 +1,4 @@
-// split_module and partition_by_support: a split graph computes what the original computes
+// split_module and group_by_support: a split graph computes what the original computes
 // (random graphs with mutations and random ops, bitwise), and groups that cannot be ordered are
 // refused.
 #include "support/test_util.h"
@@ -101,7 +101,7 @@ TEST(SplitModule, RandomGraphsSplitBySupportComputeTheSameBits) {
     std::set<std::string> supported;
     for (const char* op : kOps)
       if (rng() % 2) supported.insert(op);
-    auto groups = partition_by_support(gm->graph(), [&](const Node& n) { return supported.count(qualified(n)) != 0; });
+    auto groups = group_by_support(gm->graph(), [&](const Node& n) { return supported.count(qualified(n)) != 0; });
     SplitGraph split = split_module(*gm, groups);
     parts += split.parts.size();
     EXPECT_EQ(count_kind(split.parent->graph(), NodeKind::CallModule), groups.size());
@@ -153,7 +153,7 @@ TEST(SplitModule, PartsReadTheirInputsAndAttributesAndGiveBackWhatOthersRead) {
   Node* cos = g.call_function(find_op("aten::cos"), {relu->output()}, {meta({4})});
   Node* add = g.call_function(find_op("aten::add.Tensor"), {cos->output(), mul->output(), c10::IValue(1)}, {meta({4})});
   g.output({add->output()});
-  auto groups = partition_by_support(g, [](const Node& n) { return n.schema().name() != "aten::cos"; });
+  auto groups = group_by_support(g, [](const Node& n) { return n.schema().name() != "aten::cos"; });
   ASSERT_EQ(groups.size(), 2u);  // {mul, relu} and {add}
   SplitGraph split = split_module(gm, groups);
   ASSERT_EQ(split.parts.size(), 2u);
@@ -223,7 +223,7 @@ TEST(SplitModule, ChecksItsGroups) {
   EXPECT_THAT(error_of([&] { split_module(gm, {{a}, {a}}); }), HasSubstr("relu is in two groups"));
   EXPECT_THAT(error_of([&] { split_module(gm, {{x.node}}); }), HasSubstr("not a call_function node"));
   EXPECT_THAT(error_of([&] { split_module(gm, {{}}); }), HasSubstr("group 0 is empty"));
-  EXPECT_EQ(partition_by_support(g, [](const Node&) { return true; }, /*min_size=*/2).size(), 0u);
+  EXPECT_EQ(group_by_support(g, [](const Node&) { return true; }, /*min_size=*/2).size(), 0u);
 }
 
 }  // namespace

@@ -6,7 +6,7 @@
 
 #include <torchcompile/backends/registry.h>
 #include <torchcompile/ir/interpreter.h>
-#include <torchcompile/repro.h>
+#include <torchcompile/repro/repro.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 

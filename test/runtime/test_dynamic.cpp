@@ -5,8 +5,8 @@
 #include "support/test_util.h"
 
 #include <torchcompile/backends/registry.h>
-#include <torchcompile/dynamic.h>
-#include <torchcompile/logging.h>
+#include <torchcompile/runtime/mark_dynamic.h>
+#include <torchcompile/support/logging.h>
 
 #include "capture/observed.h"
 #include "runtime/guards.h"
@@ -269,7 +269,7 @@ TEST(Dynamic, AutogradRecordingReplaysTheForwardAtEachNewSize) {
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < net->parameters().size(); ++i) ref->parameters()[i].copy_(net->parameters()[i]);
   }
-  tcr::set_logs("dynamic");
+  torchcompile::logging::set_logs("dynamic");
   ::testing::internal::CaptureStderr();
   auto fast = torch::compile(net, torchcompile::CompileOptions("aot_eager").with_dynamic(true));
   for (int64_t n : {4, 9, 4, 6}) {
@@ -286,7 +286,7 @@ TEST(Dynamic, AutogradRecordingReplaysTheForwardAtEachNewSize) {
           << "gradient " << i << ", batch " << n;
   }
   const std::string err = ::testing::internal::GetCapturedStderr();
-  tcr::set_logs("");
+  torchcompile::logging::set_logs("");
   EXPECT_EQ(fast.state().num_entries(), 1u);
   EXPECT_EQ(fast.state().entries().front()->num_specializations(), 3u);  // 4, 9, 6
   EXPECT_THAT(err, ::testing::HasSubstr("each new size runs the forward again: autograd is recording: parameter "
@@ -297,7 +297,7 @@ TEST(Dynamic, AutogradRecordingReplaysTheForwardAtEachNewSize) {
 TEST(Dynamic, LogsSayWhatBecameASymbolAndHow) {
   torch::NoGradGuard no_grad;
   auto net = std::make_shared<Reads>();
-  tcr::set_logs("dynamic");
+  torchcompile::logging::set_logs("dynamic");
   ::testing::internal::CaptureStderr();
   auto fast = torch::compile(net, torchcompile::CompileOptions("eager").with_input_names({"x"}));
   fast(torch::randn({2, 3, 32}));
@@ -308,7 +308,7 @@ TEST(Dynamic, LogsSayWhatBecameASymbolAndHow) {
   fast_mlp(torch::randn({5, 784}));
   fast_mlp(torch::randn({9, 784}));
   const std::string err = ::testing::internal::GetCapturedStderr();
-  tcr::set_logs("");
+  torchcompile::logging::set_logs("");
   EXPECT_THAT(err, ::testing::HasSubstr("size 0 of 'x' may be a symbol (automatic: it changed since the first trace "
                                         "(2 then 5))"));
   EXPECT_THAT(err, ::testing::HasSubstr("size 0 of 'x': host code read it (size(0) of input 'x'); a symbol whose new "

@@ -2,7 +2,7 @@
 // take the branch keyed by the value read; a new value retraces without repeating the prefix.
 #include "support/test_util.h"
 
-#include <torchcompile/logging.h>
+#include <torchcompile/support/logging.h>
 
 using tc_test::CompileCounter;
 using tc_test::tensors_close;
@@ -156,14 +156,14 @@ TEST(GraphBreaks, SeveralBreaksInOneForward) {
 namespace {
 
 TEST(GraphBreaks, LogsShowBreaksGraphsAndRecompiles) {
-  torchcompile::runtime::set_logs("graph_breaks,recompiles,graph,guards");
+  torchcompile::logging::set_logs("graph_breaks,recompiles,graph,guards");
   auto fast = torch::compile(&toy_example, "eager");
   ::testing::internal::CaptureStderr();
   fast(torch::ones({10}), torch::ones({10}));
   fast(torch::ones({10}), -torch::ones({10}));
   fast(torch::ones({12}), torch::ones({12}));
   const std::string err = ::testing::internal::GetCapturedStderr();
-  torchcompile::runtime::reset_logs();
+  torchcompile::logging::reset_logs();
   EXPECT_THAT(err, ::testing::HasSubstr("[torchcompile:graph_breaks]"));
   EXPECT_THAT(err, ::testing::HasSubstr("graph break: data-dependent host read aten::item returned 10"));
   EXPECT_THAT(err, ::testing::HasSubstr("[torchcompile:graph]"));

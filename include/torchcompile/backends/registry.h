@@ -1,9 +1,10 @@
-// The backend contract and the registry of named backends (built-in, registered in code, or
-// loaded from shared-library plugins).
+// The registry of named backends (built-in, registered in code, or loaded from shared-library
+// plugins): one table from a name to its backend, its optional claim and its tags. What a backend
+// is: backends/backend.h. Compositions of registered backends (fallback_chain,
+// partitioned_backend) are the compile stage's: compile/chain.h, compile/partitioner.h.
 #pragma once
 
-#include <torchcompile/backends/compile_report.h>
-#include <torchcompile/ir/graph_module.h>
+#include <torchcompile/backends/backend.h>
 
 #include <cstdint>
 #include <functional>
@@ -12,20 +13,23 @@
 
 namespace torchcompile {
 
-using ir::GraphModule;
-
-// CompiledFn (compile_report.h): a compiled graph; takes the graph's inputs (placeholders, in
-// order) and returns its outputs. It may consume (and free) its input vector.
-
-/// A backend turns a captured graph into a CompiledFn. `example_inputs` are the real inputs
-/// of the call that was traced. A backend may decline with an empty CompiledFn, best through
-/// `return decline("reason");` (compile_report.h): the pipeline then tries the next backend of
-/// a fallback chain, or runs the graph with the interpreter.
-using Backend = std::function<CompiledFn(GraphModule& gm, const std::vector<at::Tensor>& example_inputs)>;
-
 /// Register `fn` under `name`. Throws if the name is empty or already registered. `tags`
 /// label the entry (`debug`, `experimental`), as Dynamo's registry does.
 void register_backend(const std::string& name, Backend fn, std::vector<std::string> tags = {});
+
+/// Register `fn` under `name` with the claim compositions use to give it the nodes it compiles
+/// (compile/partitioner.h). Same rules as above; `claim` must not be empty.
+void register_backend(const std::string& name, Backend fn, Claim claim, std::vector<std::string> tags = {});
+
+/// Attach `claim` to the registered backend `name`. Throws if `name` is not registered or
+/// already has a claim.
+void register_claim(const std::string& name, Claim claim);
+
+/// Whether the registered backend `name` has a claim.
+bool has_claim(const std::string& name);
+
+/// The claim of the registered backend `name`, or an empty Claim (unknown name, or no claim).
+Claim lookup_claim(const std::string& name);
 
 /// The backend registered as `name`. An unknown name first searches the directories listed in
 /// TORCHCOMPILE_BACKEND_PATH (colon-separated) for a plugin named
@@ -39,12 +43,6 @@ bool has_backend(const std::string& name);
 /// Registered backend names, sorted. Backends tagged with one of `exclude_tags` are left out
 /// (by default `debug` and `experimental`, as torch._dynamo.list_backends() does).
 std::vector<std::string> list_backends(const std::vector<std::string>& exclude_tags = {"debug", "experimental"});
-
-/// A backend that tries each of `names` in order (a throwing or declining backend passes to the
-/// next; a throw warns once per backend) and, if all decline or fail, returns the graph run by
-/// the interpreter: PyTorch's composable backend as a function. Every answer is recorded in the
-/// graph's CompileReport (explain(), TORCHCOMPILE_LOGS=passes).
-Backend fallback_chain(std::vector<std::string> names);
 
 /// The ABI version of the plugin interface; a plugin built against another version is refused.
 constexpr uint32_t kPluginAbiVersion = 1;

@@ -189,7 +189,7 @@ std::shared_ptr<Impl> module_shared(const torch::nn::ModuleHolder<Impl>& h) {
 }  // namespace detail
 
 /// Call `module->forward(args...)` through the module call boundary: fires the module's hooks
-/// (torchcompile/hooks.h), eagerly or in a compiled forward, and gives the ops it records
+/// (torchcompile/hooks/hooks.h), eagerly or in a compiled forward, and gives the ops it records
 /// their module path. `module` is a `std::shared_ptr` to a module or a ModuleHolder. Without
 /// hooks and outside a trace it costs a lookup that is lock-free while no module has hooks.
 ///

@@ -1,9 +1,9 @@
 // torchcompile::explain: compile a target, call it once and report its graphs, breaks, guards
-// and what each backend did (see runtime/explain.h for the result type).
+// and what each backend did (see runtime/explain_output.h for the result type).
 #pragma once
 
 #include <torchcompile/frontend/compiled.h>
-#include <torchcompile/runtime/explain.h>
+#include <torchcompile/runtime/explain_output.h>
 
 #include <type_traits>
 #include <utility>

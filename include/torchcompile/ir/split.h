@@ -34,9 +34,9 @@ std::unique_ptr<GraphModule> copy_module(const GraphModule& gm);
 /// supported (get_attr nodes between them do not end it). A run keeps the graph's order, so
 /// split_module never has to move a node across it. Runs shorter than `min_size` nodes are
 /// left out.
-std::vector<std::vector<const Node*>> partition_by_support(const Graph& g,
-                                                           const std::function<bool(const Node&)>& supported,
-                                                           size_t min_size = 1);
+std::vector<std::vector<const Node*>> group_by_support(const Graph& g,
+                                                       const std::function<bool(const Node&)>& supported,
+                                                       size_t min_size = 1);
 
 /// One part of a split graph.
 struct SplitPart {

@@ -30,9 +30,9 @@ struct CompileOptions {
   /// Run eager LibTorch next to every compiled call (on the same inputs, with the module's
   /// state and the random generator restored in between) and warn about the first output that
   /// differs beyond tolerance: catches forwards whose host logic the trace cannot see
-  /// (README: Graph breaks, logs, explain, verify). Also switched on by TORCHCOMPILE_VERIFY=1. Slow: for debugging.
+  /// (docs/graph-breaks-and-explain.md). Also switched on by TORCHCOMPILE_VERIFY=1. Slow: for debugging.
   bool verify = false;
-  /// Dynamic shapes (README: Dynamic shapes). Unset (the default): automatic — the first trace
+  /// Dynamic shapes (docs/dynamic-shapes.md). Unset (the default): automatic — the first trace
   /// is static, and a dimension whose size differs on a later call becomes a size symbol in the
   /// next trace. `true`: every dimension of every input is a symbol from the first trace, except
   /// sizes 0 and 1. `false`: always static (each new size is a new entry). A dimension the

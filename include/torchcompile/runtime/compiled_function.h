@@ -4,6 +4,7 @@
 // trace tree) and how a forward is traced are the library's own (src/runtime/).
 #pragma once
 
+#include <torchcompile/compile/compile_report.h>
 #include <torchcompile/runtime/compile_options.h>
 
 #include <c10/util/SmallVector.h>
@@ -174,7 +175,7 @@ class CompiledFunction {
   /// Run `entry`'s trace tree on `args` (trace_tree.cpp).
   std::vector<at::Tensor> run_entry(const CompiledEntry& entry, const CallArgs& args, const ForwardFn& forward,
                                     OutputSpec& spec);
-  /// A dynamic entry with a tree per size (runtime/dynamic.h, ForwardReplays): run the tree of
+  /// A dynamic entry with a tree per size (src/runtime/dynamic_entry.h, ForwardReplays): run the tree of
   /// the call's sizes, tracing the forward at them first if they are new.
   std::vector<at::Tensor> run_replayed(const CompiledEntry& entry, const CallArgs& args, const ForwardFn& forward,
                                        OutputSpec& spec);

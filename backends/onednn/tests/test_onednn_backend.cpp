@@ -1,0 +1,1055 @@
+// The onednn backend: each fusion pattern fires (the fusion report says so) and matches eager
+// LibTorch; prepacked weights follow optimizer steps and in-place copies; unmatched ops, training
+// graphs and concurrent calls stay correct.
+#include "support/test_util.h"
+
+#include "onednn_backend.h"
+#include "examples/models.h"
+#include <torchcompile/support/logging.h>
+
+#include <atomic>
+#include <functional>
+#include <limits>
+#include <random>
+#include <thread>
+
+namespace {
+
+namespace od = torchcompile::backends::onednn;
+
+// oneDNN (AVX-512, other summation order, its own erf/tanh) against LibTorch's kernels in fp32.
+constexpr double kRtol = 1e-4;
+constexpr double kAtol = 1e-5;
+
+// A backend compiling with od::compile and keeping each graph's report.
+struct Recorder {
+  struct Entry {
+    std::vector<std::string> fused;
+    size_t blocked_values = 0;
+    size_t winograd_convs = 0;
+    bool declined = false;
+    std::string reason;
+  };
+  std::shared_ptr<std::vector<Entry>> entries = std::make_shared<std::vector<Entry>>();
+  std::shared_ptr<std::mutex> mutex = std::make_shared<std::mutex>();
+
+  torchcompile::Backend backend() const {
+    auto e = entries;
+    auto m = mutex;
+    return [e, m](torchcompile::GraphModule& gm, const std::vector<at::Tensor>& inputs) {
+      od::Compiled c = od::compile(gm, inputs);
+      std::lock_guard<std::mutex> lock(*m);
+      e->push_back({c.fused, c.blocked_values, c.winograd_convs, c.declined, c.reason});
+      return c.fn;
+    };
+  }
+  // All fused labels of all graphs.
+  std::vector<std::string> fused() const {
+    std::vector<std::string> all;
+    for (const auto& e : *entries) all.insert(all.end(), e.fused.begin(), e.fused.end());
+    return all;
+  }
+};
+
+torchcompile::CompileOptions opts(const Recorder& r) {
+  return torchcompile::CompileOptions(r.backend()).with_fullgraph();
+}
+
+// A module applying `fn` to its input with the given submodules' parameters registered.
+struct FnModule : torch::nn::Module {
+  std::function<torch::Tensor(FnModule&, torch::Tensor)> fn;
+  torch::Tensor forward(torch::Tensor x) { return fn(*this, x); }
+};
+
+// Compiled and eager, called `calls` times (the first call traces) on fresh inputs.
+template <typename M>
+void expect_matches_eager(M& model, const std::function<torch::Tensor()>& make_input, const Recorder& r,
+                          int calls = 3, double rtol = kRtol, double atol = kAtol) {
+  auto fast = torch::compile(model, opts(r));
+  for (int i = 0; i < calls; ++i) {
+    torch::Tensor x = make_input();
+    torch::Tensor expected = model->forward(x);
+    torch::Tensor actual = fast(x);
+    EXPECT_TRUE(tc_test::tensors_close(expected, actual, rtol, atol)) << "call " << i;
+  }
+}
+
+std::shared_ptr<FnModule> linear_then(std::function<torch::Tensor(torch::Tensor)> act, int64_t in = 24, int64_t out = 40) {
+  auto m = std::make_shared<FnModule>();
+  auto lin = m->register_module("lin", torch::nn::Linear(in, out));
+  m->fn = [lin, act](FnModule&, torch::Tensor x) { return act(lin->forward(x)); };
+  return m;
+}
+
+TEST(OneDnnBackend, IsRegisteredAndDefaultUsesIt) {
+  EXPECT_TRUE(torchcompile::has_backend("onednn"));
+  auto names = torchcompile::list_backends();
+  EXPECT_NE(std::find(names.begin(), names.end(), "onednn"), names.end());
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(0);
+  torch::nn::Sequential net(torch::nn::Linear(8, 16), torch::nn::ReLU());
+  torchcompile::logging::set_logs("passes");
+  ::testing::internal::CaptureStderr();
+  auto fast = torch::compile(net, "default");
+  auto x = torch::randn({4, 8});
+  fast(x);
+  torch::Tensor y = fast(x);
+  std::string err = ::testing::internal::GetCapturedStderr();
+  torchcompile::logging::reset_logs();
+  EXPECT_THAT(err, ::testing::HasSubstr("compiled by onednn"));
+  EXPECT_THAT(err, ::testing::HasSubstr("part: onednn: linear+bias+relu"));
+  EXPECT_TRUE(tc_test::tensors_close(net->forward(x), y, kRtol, kAtol));
+}
+
+TEST(OneDnnBackend, LinearReluFuses) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(0);
+  torch::nn::Sequential net(torch::nn::Linear(24, 40), torch::nn::ReLU(), torch::nn::Linear(40, 8));
+  Recorder r;
+  expect_matches_eager(net, [] { return torch::randn({16, 24}); }, r);
+  EXPECT_EQ(r.fused(), (std::vector<std::string>{"linear+bias+relu", "linear+bias"}));
+}
+
+TEST(OneDnnBackend, LinearWithEachEltwiseFuses) {
+  torch::NoGradGuard no_grad;
+  struct Case {
+    std::string label;
+    std::function<torch::Tensor(torch::Tensor)> act;
+  };
+  std::vector<Case> cases = {
+      {"relu", [](torch::Tensor t) { return torch::relu(t); }},
+      {"gelu", [](torch::Tensor t) { return torch::gelu(t); }},
+      {"gelu_tanh", [](torch::Tensor t) { return torch::gelu(t, "tanh"); }},
+      {"sigmoid", [](torch::Tensor t) { return torch::sigmoid(t); }},
+      {"tanh", [](torch::Tensor t) { return torch::tanh(t); }},
+      {"silu", [](torch::Tensor t) { return torch::silu(t); }},
+      {"hardswish", [](torch::Tensor t) { return torch::hardswish(t); }},
+      {"clamp", [](torch::Tensor t) { return torch::clamp(t, -0.3, 0.4); }},
+      {"clamp", [](torch::Tensor t) { return torch::hardtanh(t, -0.5, 0.25); }},
+      {"clamp", [](torch::Tensor t) { return torch::clamp(t, c10::nullopt, 0.3); }},
+      {"leaky_relu", [](torch::Tensor t) { return torch::leaky_relu(t, 0.1); }},
+      {"relu", [](torch::Tensor t) { return t.relu_(); }},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.label);
+    torch::manual_seed(1);
+    auto m = linear_then(c.act);
+    Recorder r;
+    expect_matches_eager(m, [] { return torch::randn({12, 24}) * 2; }, r);
+    auto fused = r.fused();
+    ASSERT_FALSE(fused.empty());
+    EXPECT_EQ(fused[0].rfind("linear+bias+" + c.label, 0), 0u) << fused[0];
+  }
+}
+
+TEST(OneDnnBackend, LinearGeluErfAndTanhOn3dInputs) {
+  // LibTorch's Linear on 3-D input: t + matmul + add_(bias); both gelu flavours.
+  torch::NoGradGuard no_grad;
+  for (std::string approx : {"none", "tanh"}) {
+    torch::manual_seed(2);
+    auto m = linear_then([approx](torch::Tensor t) { return torch::gelu(t, approx); }, 32, 64);
+    Recorder r;
+    expect_matches_eager(m, [] { return torch::randn({3, 5, 32}); }, r);
+    EXPECT_EQ(r.fused(), std::vector<std::string>{approx == "none" ? "linear+bias+gelu" : "linear+bias+gelu_tanh"});
+  }
+}
+
+TEST(OneDnnBackend, LinearResidualAddFuses) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(3);
+  auto m = std::make_shared<FnModule>();
+  auto lin = m->register_module("lin", torch::nn::Linear(32, 32));
+  m->fn = [lin](FnModule&, torch::Tensor x) { return torch::relu(x + lin->forward(x)); };
+  Recorder r;
+  expect_matches_eager(m, [] { return torch::randn({4, 6, 32}); }, r);
+  EXPECT_EQ(r.fused(), std::vector<std::string>{"linear+bias+add+relu"});
+}
+
+TEST(OneDnnBackend, LinearEltwiseThenResidualAddFuses) {
+  // The residual add is the second post-op: its operand is passed at that post-op's index.
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(5);
+  auto m = std::make_shared<FnModule>();
+  auto lin = m->register_module("lin", torch::nn::Linear(32, 32));
+  m->fn = [lin](FnModule&, torch::Tensor x) { return torch::gelu(lin->forward(x)) + x; };
+  Recorder r;
+  expect_matches_eager(m, [] { return torch::randn({4, 6, 32}); }, r);
+  EXPECT_EQ(r.fused(), std::vector<std::string>{"linear+bias+gelu+add"});
+}
+
+TEST(OneDnnBackend, IntermediateWithAnotherUserIsNotFused) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(4);
+  auto m = std::make_shared<FnModule>();
+  auto lin = m->register_module("lin", torch::nn::Linear(16, 16));
+  m->fn = [lin](FnModule&, torch::Tensor x) {
+    torch::Tensor y = lin->forward(x);
+    return torch::relu(y) * y;
+  };
+  Recorder r;
+  expect_matches_eager(m, [] { return torch::randn({8, 16}); }, r);
+  EXPECT_EQ(r.fused(), std::vector<std::string>{"linear+bias"});
+}
+
+TEST(OneDnnBackend, BmmMatmulAndBaddbmm) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(5);
+  auto f = [](torch::Tensor a, torch::Tensor b, torch::Tensor c) {
+    torch::Tensor s = torch::bmm(a, b);
+    torch::Tensor t = torch::relu(torch::matmul(a, b.transpose(1, 2).contiguous().transpose(1, 2)));
+    torch::Tensor u = torch::baddbmm(c, a, b);
+    return s * t * u;  // (a residual add would be fused into the first bmm)
+  };
+  Recorder r;
+  auto fast = torch::compile(f, opts(r));
+  for (int i = 0; i < 3; ++i) {
+    auto a = torch::randn({4, 8, 16}), b = torch::randn({4, 16, 12}), c = torch::randn({4, 8, 12});
+    EXPECT_TRUE(tc_test::tensors_close(f(a, b, c), fast(a, b, c), kRtol, kAtol));
+  }
+  auto fused = r.fused();
+  ASSERT_EQ(fused.size(), 3u);
+  EXPECT_EQ(fused[0], "bmm");
+  EXPECT_EQ(fused[1], "matmul+relu");
+  EXPECT_EQ(fused[2].rfind("bmm+add", 0), 0u) << fused[2];
+}
+
+TEST(OneDnnBackend, ConvBiasReluFuses) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(6);
+  torch::nn::Sequential net(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 16, 3).padding(1)), torch::nn::ReLU());
+  Recorder r;
+  expect_matches_eager(net, [] { return torch::randn({2, 3, 12, 12}); }, r);
+  EXPECT_EQ(r.fused(), std::vector<std::string>{"conv+bias+relu"});
+}
+
+TEST(OneDnnBackend, ConvStridedGroupedDilatedMatchEager) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(7);
+  torch::nn::Sequential net(torch::nn::Conv2d(torch::nn::Conv2dOptions(8, 16, 3).stride(2).padding(1).bias(false)),
+                            torch::nn::SiLU(),
+                            torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 16, 3).padding(2).dilation(2).groups(4)),
+                            torch::nn::Sigmoid());
+  Recorder r;
+  expect_matches_eager(net, [] { return torch::randn({2, 8, 15, 13}); }, r);
+  EXPECT_EQ(r.fused(), (std::vector<std::string>{"conv+silu", "conv+bias+sigmoid"}));
+}
+
+TEST(OneDnnBackend, ConvBatchNormEvalFoldsAndReluFuses) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(8);
+  torch::nn::Sequential net(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 16, 3).padding(1)), torch::nn::BatchNorm2d(16),
+                            torch::nn::ReLU(), torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 8, 1).bias(false)),
+                            torch::nn::BatchNorm2d(8), torch::nn::ReLU6());
+  // Non-trivial running statistics and affine parameters.
+  for (auto& buf : net->named_buffers()) {
+    if (buf.key().find("running_mean") != std::string::npos) buf.value().normal_(0, 0.5);
+    if (buf.key().find("running_var") != std::string::npos) buf.value().uniform_(0.5, 2);
+  }
+  for (auto& p : net->named_parameters())
+    if (p.key().rfind("1.", 0) == 0 || p.key().rfind("4.", 0) == 0) p.value().uniform_(0.5, 1.5);
+  net->eval();
+  Recorder r;
+  expect_matches_eager(net, [] { return torch::randn({2, 3, 10, 10}); }, r);
+  EXPECT_EQ(r.fused(), (std::vector<std::string>{"conv+bias+bn+relu", "conv+bn+clamp"}));
+}
+
+TEST(OneDnnBackend, TrainingModeBatchNormIsNotFolded) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(9);
+  torch::nn::Sequential net(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 8, 3)), torch::nn::BatchNorm2d(8));
+  net->train();
+  Recorder r;
+  auto fast = torch::compile(net, opts(r));
+  auto x = torch::randn({2, 3, 8, 8});
+  // Each call updates the running statistics: compare against an eager copy stepping alongside.
+  torch::nn::Sequential ref(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 8, 3)), torch::nn::BatchNorm2d(8));
+  ref->train();
+  for (size_t i = 0; i < net->parameters().size(); ++i) ref->parameters()[i].copy_(net->parameters()[i]);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(tc_test::tensors_close(ref->forward(x), fast(x), kRtol, kAtol));
+  }
+  EXPECT_TRUE(tc_test::tensors_close(ref->named_buffers()["1.running_mean"], net->named_buffers()["1.running_mean"],
+                                     kRtol, kAtol));
+  EXPECT_EQ(r.fused(), std::vector<std::string>{"conv+bias"});
+}
+
+TEST(OneDnnBackend, ConvResidualAddReluFuses) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(10);
+  auto m = std::make_shared<FnModule>();
+  auto c1 = m->register_module("c1", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 16, 3).padding(1)));
+  auto bn = m->register_module("bn", torch::nn::BatchNorm2d(16));
+  auto c2 = m->register_module("c2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 16, 3).padding(1)));
+  m->fn = [c1, bn, c2](FnModule&, torch::Tensor x) {
+    torch::Tensor y = torch::relu(bn->forward(c1->forward(x)));
+    return torch::relu(c2->forward(y) + y);  // residual: both convs' layouts
+  };
+  m->eval();
+  Recorder r;
+  expect_matches_eager(m, [] { return torch::randn({2, 16, 9, 9}); }, r);
+  EXPECT_EQ(r.fused(), (std::vector<std::string>{"conv+bias+bn+relu", "conv+bias+add+relu"}));
+  // And with a plain (graph input) residual.
+  auto m2 = std::make_shared<FnModule>();
+  auto c3 = m2->register_module("c", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 16, 3).padding(1)));
+  m2->fn = [c3](FnModule&, torch::Tensor x) { return torch::relu(x + c3->forward(x)); };
+  Recorder r2;
+  expect_matches_eager(m2, [] { return torch::randn({2, 16, 9, 9}); }, r2);
+  EXPECT_EQ(r2.fused(), std::vector<std::string>{"conv+bias+add+relu"});
+}
+
+TEST(OneDnnBackend, ConsecutiveConvsKeepTheBlockedLayout) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(11);
+  torch::nn::Sequential net(torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)), torch::nn::ReLU(),
+                            torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 32, 3).padding(1)), torch::nn::ReLU(),
+                            torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 16, 1)), torch::nn::Tanh(),
+                            torch::nn::AdaptiveAvgPool2d(1), torch::nn::Flatten());
+  Recorder r;
+  expect_matches_eager(net, [] { return torch::randn({2, 16, 14, 14}); }, r);
+  EXPECT_EQ(r.fused(), (std::vector<std::string>{"conv+bias+relu", "conv+bias+relu", "conv+bias+tanh", "avgpool"}));
+  ASSERT_EQ(r.entries->size(), 1u);
+  EXPECT_EQ(r.entries->at(0).blocked_values, 3u);
+  // A plain tensor is still produced where ATen needs one (here: a conv output read by sum()).
+  auto m = std::make_shared<FnModule>();
+  auto a = m->register_module("a", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)));
+  auto b = m->register_module("b", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 16, 3).padding(1)));
+  m->fn = [a, b](FnModule&, torch::Tensor x) {
+    torch::Tensor y = torch::relu(a->forward(x));
+    return b->forward(y) * y.mean();
+  };
+  Recorder r2;
+  expect_matches_eager(m, [] { return torch::randn({2, 16, 7, 7}); }, r2);
+  EXPECT_EQ(r2.fused(), (std::vector<std::string>{"conv+bias+relu", "conv+bias"}));
+}
+
+TEST(OneDnnBackend, UnmatchedOpsRunThroughATen) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(12);
+  auto m = std::make_shared<FnModule>();
+  auto lin = m->register_module("lin", torch::nn::Linear(16, 16));
+  m->fn = [lin](FnModule&, torch::Tensor x) {
+    torch::Tensor y = lin->forward(torch::sin(x).view({-1, 16}));
+    auto parts = y.chunk(2, 1);
+    return torch::cat({parts[1].cos(), parts[0] * 2}, 1).softmax(-1) + torch::layer_norm(y, {16});
+  };
+  Recorder r;
+  expect_matches_eager(m, [] { return torch::randn({4, 2, 16}); }, r);
+  EXPECT_EQ(r.fused(), std::vector<std::string>{"linear+bias"});
+
+  // Other dtypes and graphs without GEMM/conv run with the interpreter.
+  auto f = [](torch::Tensor a) { return torch::relu(a.cos() * 2); };
+  Recorder r2;
+  auto fast = torch::compile(f, opts(r2));
+  auto x = torch::randn({5, 5});
+  fast(x);
+  EXPECT_TRUE(tc_test::tensors_close(f(x), fast(x)));
+  ASSERT_EQ(r2.entries->size(), 1u);
+  EXPECT_TRUE(r2.entries->at(0).declined);
+  torch::nn::Sequential dnet(torch::nn::Linear(8, 8), torch::nn::ReLU());
+  dnet->to(torch::kDouble);
+  Recorder r3;
+  expect_matches_eager(dnet, [] { return torch::randn({3, 8}, torch::kDouble); }, r3);
+  EXPECT_TRUE(r3.fused().empty());
+}
+
+// The optimizer step and in-place copies after compilation: prepacked weights must follow.
+TEST(OneDnnBackend, OptimizerStepUpdatesPrepackedWeights) {
+  torch::manual_seed(13);
+  auto m = std::make_shared<FnModule>();
+  auto conv = m->register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 8, 3).padding(1)));
+  auto bn = m->register_module("bn", torch::nn::BatchNorm2d(8));
+  auto lin = m->register_module("lin", torch::nn::Linear(8, 4));
+  m->fn = [conv, bn, lin](FnModule&, torch::Tensor x) {
+    torch::Tensor y = torch::relu(bn->forward(conv->forward(x)));
+    return lin->forward(y.mean({2, 3}));
+  };
+  m->eval();
+  Recorder r;
+  auto fast = torch::compile(m, opts(r));
+  auto x = torch::randn({2, 3, 8, 8});
+  torch::Tensor before;
+  {
+    torch::NoGradGuard no_grad;
+    fast(x);
+    before = fast(x);
+    EXPECT_TRUE(tc_test::tensors_close(m->forward(x), before, kRtol, kAtol));
+  }
+  EXPECT_EQ(r.fused(), (std::vector<std::string>{"conv+bias+bn+relu", "avgpool", "linear+bias"}));
+  torch::optim::SGD opt(m->parameters(), torch::optim::SGDOptions(0.5));
+  for (int step = 0; step < 2; ++step) {
+    opt.zero_grad();
+    m->forward(x).pow(2).sum().backward();  // eager training step
+    opt.step();
+    torch::NoGradGuard no_grad;
+    torch::Tensor expected = m->forward(x);
+    torch::Tensor actual = fast(x);
+    EXPECT_TRUE(tc_test::tensors_close(expected, actual, kRtol, kAtol)) << "step " << step;
+    EXPECT_FALSE(torch::allclose(before, actual));
+    before = actual;
+  }
+  // An inference call between backward and the optimizer step, then one after the step.
+  opt.zero_grad();
+  m->forward(x).pow(2).sum().backward();
+  {
+    torch::NoGradGuard no_grad;
+    EXPECT_TRUE(tc_test::tensors_close(m->forward(x), fast(x), kRtol, kAtol));
+  }
+  opt.step();
+  {
+    torch::NoGradGuard no_grad;
+    EXPECT_TRUE(tc_test::tensors_close(m->forward(x), fast(x), kRtol, kAtol));
+  }
+  // A load_state_dict-style in-place copy, including BatchNorm's running statistics.
+  torch::NoGradGuard no_grad;
+  conv->weight.copy_(torch::randn_like(conv->weight));
+  bn->running_var.copy_(torch::rand_like(bn->running_var) + 0.5);
+  bn->running_mean.fill_(0.25);
+  lin->weight.mul_(-1);
+  EXPECT_TRUE(tc_test::tensors_close(m->forward(x), fast(x), kRtol, kAtol));
+}
+
+// `net` and a copy of it (same parameters), each trained two steps (loss: the sum of squares) on
+// the same inputs, `net` through `compiled`: every gradient matches.
+template <typename Compiled>
+void expect_gradients_match_a_copy(torch::nn::Sequential& net, Compiled& compiled,
+                                   const std::function<torch::Tensor()>& make_input) {
+  auto ref = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(net->clone());
+  for (int step = 0; step < 2; ++step) {
+    torch::Tensor x = make_input();
+    net->zero_grad();
+    ref->zero_grad();
+    compiled(x).pow(2).sum().backward();
+    ref->forward(x).pow(2).sum().backward();
+    for (size_t p = 0; p < net->parameters().size(); ++p)
+      EXPECT_TRUE(tc_test::tensors_close(ref->parameters()[p].grad(), net->parameters()[p].grad(), kRtol, kAtol))
+          << "step " << step << ", parameter " << p;
+  }
+}
+
+TEST(OneDnnBackend, TrainingGraphsRunWithTheInterpreterAndGradientsMatch) {
+  torch::manual_seed(14);
+  torch::nn::Sequential net(torch::nn::Linear(10, 20), torch::nn::ReLU(), torch::nn::Linear(20, 3));
+  Recorder r;
+  auto fast = torch::compile(net, opts(r));
+  auto x = torch::randn({6, 10});
+  expect_gradients_match_a_copy(net, fast, [x] { return x; });
+  ASSERT_FALSE(r.entries->empty());
+  EXPECT_TRUE(r.entries->at(0).declined);
+  EXPECT_THAT(r.entries->at(0).reason, ::testing::HasSubstr("grad"));
+}
+
+torch::nn::Sequential m1() {
+  return torch::nn::Sequential(torch::nn::Linear(784, 512), torch::nn::ReLU(), torch::nn::Linear(512, 512),
+                               torch::nn::ReLU(), torch::nn::Linear(512, 10));
+}
+
+torch::nn::Sequential m3() {
+  torch::nn::Sequential net(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 32, 3).padding(1)), torch::nn::BatchNorm2d(32),
+                            torch::nn::ReLU(), torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).padding(1)),
+                            torch::nn::BatchNorm2d(64), torch::nn::ReLU(), torch::nn::AdaptiveAvgPool2d(1),
+                            torch::nn::Flatten(), torch::nn::Linear(64, 10));
+  net->eval();
+  return net;
+}
+
+struct M5 : torch::nn::Module {
+  torch::nn::LayerNorm ln{torch::nn::LayerNormOptions({512})};
+  torch::nn::Linear l1{512, 2048}, l2{2048, 512};
+  M5() {
+    register_module("ln", ln);
+    register_module("l1", l1);
+    register_module("l2", l2);
+  }
+  torch::Tensor forward(torch::Tensor x) { return x + l2(torch::gelu(l1(ln(x)))); }
+};
+
+TEST(OneDnnBackend, ModelM1MatchesEager) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(0);
+  auto net = m1();
+  Recorder r;
+  expect_matches_eager(net, [] { return torch::randn({64, 784}); }, r);
+  EXPECT_EQ(r.fused(), (std::vector<std::string>{"linear+bias+relu", "linear+bias+relu", "linear+bias"}));
+}
+
+TEST(OneDnnBackend, ModelM3MatchesEager) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(0);
+  auto net = m3();
+  Recorder r;
+  expect_matches_eager(net, [] { return torch::randn({16, 3, 64, 64}); }, r, 2);
+  EXPECT_EQ(r.fused(), (std::vector<std::string>{"conv+bias+bn+relu", "conv+bias+bn+relu", "avgpool", "linear+bias"}));
+  EXPECT_EQ(r.entries->at(0).blocked_values, 2u);
+  // The 32->64 conv runs with the Winograd algorithm where this oneDNN offers it (2.x on AVX-512).
+  EXPECT_EQ(r.entries->at(0).winograd_convs, torchcompile::backends::onednn::winograd_available() ? 1u : 0u);
+}
+
+TEST(OneDnnBackend, WinogradConvolutionMatchesEagerAndCanBeTurnedOff) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(21);
+  torch::nn::Sequential net(torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)), torch::nn::ReLU(),
+                            torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 16, 3).padding(1)));
+  net->eval();
+  auto input = [] { return torch::randn({2, 16, 20, 20}); };
+  for (const char* setting : {"1", "0"}) {
+    setenv("TORCHCOMPILE_ONEDNN_WINOGRAD", setting, 1);
+    Recorder r;
+    expect_matches_eager(net, input, r);
+    unsetenv("TORCHCOMPILE_ONEDNN_WINOGRAD");
+    EXPECT_EQ(r.fused(), (std::vector<std::string>{"conv+bias+relu", "conv+bias"}));
+    const bool winograd = setting[0] == '1' && torchcompile::backends::onednn::winograd_available();
+    EXPECT_EQ(r.entries->at(0).winograd_convs, winograd ? 2u : 0u) << "TORCHCOMPILE_ONEDNN_WINOGRAD=" << setting;
+    EXPECT_EQ(r.entries->at(0).blocked_values, 1u);
+  }
+}
+
+TEST(OneDnnBackend, ModelM4MatchesEager) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(0);
+  torch::nn::TransformerEncoderLayer net(
+      torch::nn::TransformerEncoderLayerOptions(256, 4).dim_feedforward(1024).dropout(0.0));
+  net->eval();
+  Recorder r;
+  auto fast = torch::compile(net, torchcompile::CompileOptions(r.backend()));
+  for (int i = 0; i < 3; ++i) {
+    auto x = torch::randn({128, 8, 256});
+    EXPECT_TRUE(tc_test::tensors_close(net->forward(x), fast(x), kRtol, 1e-4));
+  }
+  auto fused = r.fused();
+  EXPECT_EQ(std::count(fused.begin(), fused.end(), "linear+bias+relu"), 1);
+  EXPECT_EQ(std::count(fused.begin(), fused.end(), "linear+bias+add"), 2);
+  EXPECT_EQ(std::count(fused.begin(), fused.end(), "bmm"), 2);
+}
+
+TEST(OneDnnBackend, ModelM5MatchesEager) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(0);
+  auto net = std::make_shared<M5>();
+  Recorder r;
+  expect_matches_eager(net, [] { return torch::randn({8, 64, 512}); }, r, 2, kRtol, 1e-4);
+  EXPECT_EQ(r.fused(), (std::vector<std::string>{"linear+bias+gelu", "linear+bias+add"}));
+}
+
+// After a first call, four threads call `fast` 25 times each on the inputs (rotating), all at once.
+template <typename F>
+void expect_four_threads_match(F& fast, const std::vector<torch::Tensor>& inputs,
+                               const std::vector<torch::Tensor>& expected) {
+  fast(inputs[0]);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      torch::NoGradGuard ng;
+      for (int i = 0; i < 25; ++i) {
+        size_t k = (t + i) % inputs.size();
+        if (!torch::allclose(expected[k], fast(inputs[k]), kRtol, kAtol)) ++failures;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+TEST(OneDnnBackend, FourThreadsAtOnceMatchEager) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(15);
+  auto m = std::make_shared<FnModule>();
+  auto conv = m->register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(4, 16, 3).padding(1)));
+  auto conv2 = m->register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 16, 3).padding(1)));
+  auto lin = m->register_module("lin", torch::nn::Linear(16, 8));
+  m->fn = [conv, conv2, lin](FnModule&, torch::Tensor x) {
+    torch::Tensor y = torch::relu(conv->forward(x));
+    y = torch::relu(conv2->forward(y) + y);
+    return torch::gelu(lin->forward(y.mean({2, 3})));
+  };
+  Recorder r;
+  auto fast = torch::compile(m, opts(r));
+  std::vector<torch::Tensor> inputs, expected;
+  for (int i = 0; i < 8; ++i) {
+    inputs.push_back(torch::randn({3, 4, 10, 10}));
+    expected.push_back(m->forward(inputs.back()));
+  }
+  expect_four_threads_match(fast, inputs, expected);
+  EXPECT_EQ(r.fused(), (std::vector<std::string>{"conv+bias+relu", "conv+bias+add+relu", "avgpool", "linear+bias+gelu"}));
+}
+
+TEST(OneDnnBackend, ThreadsRepackWhileOthersRun) {
+  // A weight changed between calls while four threads call: every result matches one of the
+  // two weight versions' eager results, and calls after the change all see the new one.
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(16);
+  torch::nn::Linear lin(32, 32);
+  Recorder r;
+  auto fast = torch::compile(lin, opts(r));
+  auto x = torch::randn({16, 32});
+  fast(x);
+  torch::Tensor old_expected = lin->forward(x);
+  std::atomic<int> bad{0};
+  std::atomic<bool> changed{false};
+  torch::Tensor new_expected;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&] {
+      torch::NoGradGuard ng;
+      for (int i = 0; i < 50; ++i) {
+        bool after = changed.load();
+        torch::Tensor y = fast(x);
+        if (after && !torch::allclose(new_expected, y, kRtol, kAtol)) ++bad;
+        if (!after && !torch::allclose(old_expected, y, kRtol, kAtol) &&
+            !(changed.load() && torch::allclose(new_expected, y, kRtol, kAtol)))
+          ++bad;
+      }
+    });
+  {
+    torch::Tensor w = lin->weight.clone().mul_(2);
+    new_expected = torch::nn::functional::linear(x, w, lin->bias);
+    lin->weight.copy_(w);
+    changed.store(true);
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_TRUE(tc_test::tensors_close(new_expected, fast(x), kRtol, kAtol));
+}
+
+}  // namespace
+
+// ---- max pooling and transposed convolutions (the layers of MNIST CNNs and DCGAN generators) ----
+
+TEST(OneDnnBackend, MaxPoolingAfterConvolutionsMatchesEager) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(31);
+  // MNIST's shape: conv-relu-maxpool twice; the first pool's result stays blocked for conv2.
+  auto m = std::make_shared<FnModule>();
+  auto c1 = m->register_module("c1", torch::nn::Conv2d(1, 32, 3));
+  auto c2 = m->register_module("c2", torch::nn::Conv2d(32, 64, 3));
+  auto fc = m->register_module("fc", torch::nn::Linear(1600, 10));
+  m->fn = [=](FnModule&, torch::Tensor x) {
+    x = torch::max_pool2d(torch::relu(c1->forward(x)), 2);
+    x = torch::max_pool2d(torch::relu(c2->forward(x)), 2);
+    return fc->forward(x.flatten(1));
+  };
+  m->eval();
+  Recorder r;
+  expect_matches_eager(m, [] { return torch::randn({8, 1, 28, 28}); }, r);
+  EXPECT_EQ(r.fused(), (std::vector<std::string>{"conv+bias+relu", "maxpool", "conv+bias+relu", "maxpool", "linear+bias"}));
+  EXPECT_GE(r.entries->at(0).blocked_values, 2u);
+  // A NaN reaching a pooling from a convolution's blocked output: ATen's pooling, NaN kept.
+  auto m2 = std::make_shared<FnModule>();
+  m2->register_module("c1", c1);
+  m2->fn = [=](FnModule&, torch::Tensor x) { return torch::max_pool2d(c1->forward(x), 2).sum({2, 3}); };
+  Recorder r2;
+  expect_matches_eager(m2, [] {
+    torch::Tensor x = torch::randn({8, 1, 28, 28});
+    x.index_put_({2, 0, 5, 7}, std::numeric_limits<float>::quiet_NaN());
+    return x;
+  }, r2);
+}
+
+TEST(OneDnnBackend, MaxPoolingShapesMatchEager) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(32);
+  struct Case {
+    std::vector<int64_t> kernel, stride, padding;
+    bool ceil;
+    std::vector<int64_t> input;
+  };
+  for (const Case& c : {Case{{3, 3}, {2, 2}, {1, 1}, false, {2, 16, 15, 15}}, Case{{2, 2}, {}, {0, 0}, true, {2, 8, 7, 9}},
+                        Case{{3, 2}, {1, 2}, {1, 0}, false, {3, 5, 6, 6}}, Case{{3, 3}, {2, 2}, {0, 0}, true, {1, 16, 10, 10}}}) {
+    SCOPED_TRACE(::testing::PrintToString(c.kernel) + " stride " + ::testing::PrintToString(c.stride) + " pad " +
+                 ::testing::PrintToString(c.padding) + (c.ceil ? " ceil" : ""));
+    auto m = std::make_shared<FnModule>();
+    m->fn = [c](FnModule&, torch::Tensor x) {
+      return torch::max_pool2d(x, c.kernel, c.stride, c.padding, /*dilation=*/1, c.ceil);
+    };
+    Recorder r;
+    auto input = c.input;
+    expect_matches_eager(m, [input] { return torch::randn(input); }, r);
+    EXPECT_EQ(r.fused(), (std::vector<std::string>{"maxpool"}));
+  }
+  // NaN propagates as in ATen, and -inf padding never wins.
+  auto m = std::make_shared<FnModule>();
+  m->fn = [](FnModule&, torch::Tensor x) { return torch::max_pool2d(x, {3, 3}, {2, 2}, {1, 1}); };
+  Recorder r;
+  expect_matches_eager(m, [] {
+    torch::Tensor x = -torch::rand({2, 16, 9, 9}) - 1;
+    x.index_put_({0, 3, 4, 4}, std::numeric_limits<float>::quiet_NaN());
+    x.index_put_({1, 0, 0, 0}, -std::numeric_limits<float>::infinity());
+    return x;
+  }, r);
+}
+
+// Transposed convolutions are lowered by default with oneDNN 3 only; TORCHCOMPILE_ONEDNN_DECONV=1 forces it.
+struct DeconvOn {
+  DeconvOn() { setenv("TORCHCOMPILE_ONEDNN_DECONV", "1", 1); }
+  ~DeconvOn() { unsetenv("TORCHCOMPILE_ONEDNN_DECONV"); }
+};
+
+// Random average poolings (kernel, stride, padding, ceil_mode, count_include_pad) against eager;
+// the ceil_mode window past the padding with count_include_pad stays with ATen (its divisor
+// differs from oneDNN's), as does a divisor override.
+TEST(OneDnnBackend, RandomAveragePoolingsMatchEager) {
+  torch::NoGradGuard no_grad;
+  std::mt19937 rng(35);
+  auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  int lowered = 0, declined = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    torch::manual_seed(trial);
+    const std::vector<int64_t> kernel{pick(1, 4), pick(1, 4)};
+    const std::vector<int64_t> stride{pick(1, 3), pick(1, 3)};
+    const std::vector<int64_t> padding{pick(0, kernel[0] / 2), pick(0, kernel[1] / 2)};
+    const bool ceil = pick(0, 1), include = pick(0, 1);
+    const std::vector<int64_t> input{pick(1, 3), pick(1, 20), pick(kernel[0], 13), pick(kernel[1], 13)};
+    SCOPED_TRACE(::testing::PrintToString(kernel) + " stride " + ::testing::PrintToString(stride) + " pad " +
+                 ::testing::PrintToString(padding) + (ceil ? " ceil" : "") + (include ? " count_include_pad" : "") +
+                 " input " + ::testing::PrintToString(input));
+    auto m = std::make_shared<FnModule>();
+    m->fn = [=](FnModule&, torch::Tensor x) { return torch::avg_pool2d(x, kernel, stride, padding, ceil, include); };
+    Recorder r;
+    expect_matches_eager(m, [input] { return torch::randn(input); }, r, 2);
+    // Whether the last window reaches past the padded input (then ATen's divisor is smaller).
+    bool overhang = false;
+    for (size_t d = 0; d < 2; ++d) {
+      const int64_t in = input[d + 2] + 2 * padding[d] - kernel[d];
+      int64_t out = (ceil ? (in + stride[d] - 1) / stride[d] : in / stride[d]) + 1;
+      if (ceil && (out - 1) * stride[d] >= input[d + 2] + padding[d]) --out;
+      overhang |= (out - 1) * stride[d] + kernel[d] > input[d + 2] + 2 * padding[d];
+    }
+    if (include && overhang) {
+      EXPECT_TRUE(r.fused().empty());
+      ++declined;
+    } else {
+      EXPECT_EQ(r.fused(), (std::vector<std::string>{"avgpool"}));
+      ++lowered;
+    }
+  }
+  EXPECT_GT(lowered, 10);
+  EXPECT_GT(declined, 0);
+  auto m = std::make_shared<FnModule>();
+  m->fn = [](FnModule&, torch::Tensor x) { return torch::avg_pool2d(x, {2, 2}, {2, 2}, {0, 0}, false, true, 3); };
+  Recorder r;
+  expect_matches_eager(m, [] { return torch::randn({2, 4, 6, 6}); }, r);
+  EXPECT_TRUE(r.fused().empty());
+}
+
+TEST(OneDnnBackend, TransposedConvolutionsOfAGeneratorMatchEager) {
+  DeconvOn on;
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(33);
+  auto up = [](int64_t in, int64_t out, int64_t stride, int64_t pad) {
+    return torch::nn::ConvTranspose2d(torch::nn::ConvTranspose2dOptions(in, out, 4).stride(stride).padding(pad).bias(false));
+  };
+  torch::nn::Sequential net(up(20, 32, 1, 0), torch::nn::BatchNorm2d(32), torch::nn::ReLU(), up(32, 16, 2, 1),
+                            torch::nn::BatchNorm2d(16), torch::nn::ReLU(), up(16, 3, 2, 1), torch::nn::Tanh());
+  for (auto& b : net->buffers())
+    if (b.is_floating_point()) b.uniform_(0.5, 1.5);  // running statistics worth folding
+  net->eval();
+  Recorder r;
+  expect_matches_eager(net, [] { return torch::randn({4, 20, 1, 1}); }, r);
+  EXPECT_EQ(r.fused(), (std::vector<std::string>{"deconv+bn+relu", "deconv+bn+relu", "deconv+tanh"}));
+}
+
+TEST(OneDnnBackend, TransposedConvolutionShapesMatchEager) {
+  DeconvOn on;
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(34);
+  struct Case {
+    int64_t in, out, kernel, stride, padding, output_padding, dilation;
+    bool bias;
+    bool lowered;  // an output padding beyond the padding (oneDNN: a negative padding) stays with ATen
+  };
+  for (const Case& c : {Case{8, 16, 3, 2, 1, 1, 1, true, true}, Case{16, 8, 5, 1, 2, 0, 1, false, true},
+                        Case{4, 6, 3, 3, 0, 2, 1, true, false}, Case{8, 8, 3, 1, 2, 0, 2, true, true}}) {
+    SCOPED_TRACE("in " + std::to_string(c.in) + " out " + std::to_string(c.out) + " k " + std::to_string(c.kernel) +
+                 " stride " + std::to_string(c.stride) + " pad " + std::to_string(c.padding) + " outpad " +
+                 std::to_string(c.output_padding) + " dil " + std::to_string(c.dilation));
+    torch::nn::Sequential net(torch::nn::ConvTranspose2d(torch::nn::ConvTranspose2dOptions(c.in, c.out, c.kernel)
+                                                             .stride(c.stride)
+                                                             .padding(c.padding)
+                                                             .output_padding(c.output_padding)
+                                                             .dilation(c.dilation)
+                                                             .bias(c.bias)),
+                              torch::nn::ReLU());
+    net->eval();
+    Recorder r;
+    expect_matches_eager(net, [&] { return torch::randn({2, c.in, 7, 6}); }, r);
+    if (c.lowered) {
+      EXPECT_EQ(r.fused(), (std::vector<std::string>{c.bias ? "deconv+bias+relu" : "deconv+relu"}))
+          << (r.entries->empty() ? "" : r.entries->at(0).reason);
+    } else {
+      EXPECT_TRUE(r.fused().empty());
+    }
+  }
+  // Turned off, and grouped, transposed convolutions stay with ATen (and still match).
+  {
+    setenv("TORCHCOMPILE_ONEDNN_DECONV", "0", 1);
+    torch::nn::Sequential net(torch::nn::ConvTranspose2d(torch::nn::ConvTranspose2dOptions(4, 4, 3).stride(2)));
+    Recorder off;
+    expect_matches_eager(net, [] { return torch::randn({2, 4, 5, 5}); }, off);
+    EXPECT_TRUE(off.fused().empty());
+    setenv("TORCHCOMPILE_ONEDNN_DECONV", "1", 1);
+  }
+  torch::nn::Sequential grouped(
+      torch::nn::ConvTranspose2d(torch::nn::ConvTranspose2dOptions(8, 8, 3).stride(2).groups(2)));
+  Recorder r;
+  expect_matches_eager(grouped, [] { return torch::randn({2, 8, 5, 5}); }, r);
+  EXPECT_TRUE(r.fused().empty());
+}
+
+// GEMMs whose second operand is not a module attribute (it cannot be prepacked) go to oneDNN only
+// where its brgemm kernels run them; elsewhere ATen does (TORCHCOMPILE_ONEDNN_DYNAMIC_GEMM=1 / 0
+// overrides). Random shapes and layouts (transposed operands as training graphs have them, 3-D
+// activations, a bias, a fused relu), each setting, against eager; a module's Linear (prepacked)
+// is taken under both. Then a training step under `default`: forward and backward graphs.
+TEST(OneDnnBackend, DynamicWeightGemmsFollowTheSettingAndMatchEager) {
+  torch::NoGradGuard no_grad;
+  std::mt19937 rng(2411);
+  auto dim = [&] { return std::uniform_int_distribution<int64_t>(1, 70)(rng); };
+  for (const char* setting : {"0", "1"}) {
+    tc_test::ScopedEnv env("TORCHCOMPILE_ONEDNN_DYNAMIC_GEMM", setting);
+    const bool taken = std::string(setting) == "1";
+    for (int c = 0; c < 24; ++c) {
+      const int64_t M = dim(), K = dim(), N = dim();
+      const int form = c % 5;
+      const bool relu = (c / 5) % 2;
+      SCOPED_TRACE("setting " + std::string(setting) + ", case " + std::to_string(c) + " (form " + std::to_string(form) +
+                   ", M " + std::to_string(M) + ", K " + std::to_string(K) + ", N " + std::to_string(N) + ")");
+      torch::Tensor x = form == 2 ? torch::randn({K, M}).t() : form == 4 ? torch::randn({3, M, K}) : torch::randn({M, K});
+      torch::Tensor w = form == 0 || form == 2 ? torch::randn({K, N}) : torch::randn({N, K}).t();
+      torch::Tensor b = torch::randn({N});
+      auto f = [form, relu](torch::Tensor x, torch::Tensor w, torch::Tensor b) {
+        torch::Tensor y = form == 3 ? torch::addmm(b, x, w) : form == 4 ? torch::matmul(x, w) : x.mm(w);
+        return relu ? torch::relu(y) : y;
+      };
+      Recorder r;
+      auto fast = torch::compile(f, opts(r));
+      for (int call = 0; call < 2; ++call) EXPECT_TRUE(tc_test::tensors_close(f(x, w, b), fast(x, w, b), kRtol, kAtol));
+      const std::vector<std::string> fused = r.fused();
+      if (taken) {
+        ASSERT_EQ(fused.size(), 1u);
+        EXPECT_THAT(fused[0], ::testing::StartsWith("linear"));
+      } else {
+        EXPECT_TRUE(fused.empty()) << fused[0];
+      }
+    }
+    Recorder r;
+    auto lin = linear_then([](torch::Tensor y) { return torch::relu(y); });
+    expect_matches_eager(lin, [] { return torch::randn({5, 24}); }, r);
+    EXPECT_EQ(r.fused(), (std::vector<std::string>{"linear+bias+relu"}));
+  }
+  // A training step: the weights are inputs of AOT's graphs; the backward's GEMMs have
+  // transposed operands.
+  torch::AutoGradMode grad(true);
+  for (const char* setting : {"0", "1"}) {
+    SCOPED_TRACE(std::string("training, setting ") + setting);
+    tc_test::ScopedEnv env("TORCHCOMPILE_ONEDNN_DYNAMIC_GEMM", setting);
+    torch::manual_seed(7);
+    torch::nn::Sequential net(torch::nn::Linear(30, 48), torch::nn::ReLU(), torch::nn::Linear(48, 5));
+    auto e = torchcompile::explain("default", net, torch::randn({9, 30}));
+    ASSERT_EQ(e.compiled.size(), 1u);
+    const auto onednn_linear = ::testing::Contains(::testing::HasSubstr("onednn: linear"));
+    if (std::string(setting) == "1") {
+      EXPECT_THAT(e.compiled[0].partition, onednn_linear);
+    } else {
+      EXPECT_THAT(e.compiled[0].partition, ::testing::Not(onednn_linear));
+    }
+    auto fast = torch::compile(net, "default");
+    expect_gradients_match_a_copy(net, fast, [] { return torch::randn({9, 30}); });
+  }
+}
+
+// ---- NaN and infinity through fused activations ----------------------------------------------------
+// oneDNN's relu and clip post-ops map NaN to a number; ATen keeps it. A group fusing one runs its
+// nodes through ATen on a call whose inputs (or weights) hold a NaN or an infinity.
+TEST(OneDnnBackend, NonFiniteValuesThroughFusedActivationsMatchEager) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(41);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  auto poison = [&](torch::Tensor x, int64_t which) {
+    auto flat = x.view({-1});
+    if (which == 1) flat[3] = nan;
+    if (which == 2) flat[5] = inf;
+    if (which == 3) flat[7] = -inf;
+    return x;
+  };
+  // Linear + relu / relu6 / clamp, and a residual after the activation.
+  auto m = std::make_shared<FnModule>();
+  auto l1 = m->register_module("l1", torch::nn::Linear(16, 32));
+  auto l2 = m->register_module("l2", torch::nn::Linear(32, 32));
+  auto l3 = m->register_module("l3", torch::nn::Linear(32, 8));
+  m->fn = [=](FnModule&, torch::Tensor x) {
+    torch::Tensor h = torch::relu(l1->forward(x));
+    h = torch::relu6(l2->forward(h)) + h;
+    return torch::clamp(l3->forward(h), -0.5, 0.5);
+  };
+  for (int64_t which : {0, 1, 2, 3}) {
+    SCOPED_TRACE("input case " + std::to_string(which));
+    Recorder r;
+    expect_matches_eager(m, [&] { return poison(torch::randn({4, 16}), which); }, r);
+    EXPECT_EQ(r.fused(), (std::vector<std::string>{"linear+bias+relu", "linear+bias+clamp+add", "linear+bias+clamp"}));
+  }
+  // Convolutions (blocked between them) with BatchNorm folded and relu, a NaN in the input or in a weight.
+  torch::nn::Sequential net(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 16, 3).padding(1)), torch::nn::BatchNorm2d(16),
+                            torch::nn::ReLU(), torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 16, 3).padding(1)),
+                            torch::nn::ReLU());
+  net->eval();
+  for (int64_t which : {0, 1, 2}) {
+    SCOPED_TRACE("conv input case " + std::to_string(which));
+    Recorder r;
+    expect_matches_eager(net, [&] { return poison(torch::randn({2, 3, 8, 8}), which); }, r);
+    EXPECT_EQ(r.fused(), (std::vector<std::string>{"conv+bias+bn+relu", "conv+bias+relu"}));
+  }
+  {
+    Recorder r;
+    auto weight = net[3]->as<torch::nn::Conv2d>()->weight;
+    torch::Tensor saved = weight.clone();
+    weight.view({-1})[11] = nan;  // repacked before the next call
+    expect_matches_eager(net, [] { return torch::randn({2, 3, 8, 8}); }, r);
+    weight.copy_(saved);
+  }
+  // Weights as inputs (as training graphs pass them): transposed, and a view with gaps. oneDNN
+  // takes such GEMMs only where its brgemm kernels run them: forced here, to check its path on
+  // every machine.
+  tc_test::ScopedEnv dynamic_gemms("TORCHCOMPILE_ONEDNN_DYNAMIC_GEMM", "1");
+  auto relu_mm = [](torch::Tensor x, torch::Tensor w) { return torch::relu(x.mm(w.t())); };
+  auto relu_mm_strided = [](torch::Tensor x, torch::Tensor w) { return torch::relu(x.mm(w.t().slice(1, 0, 8, 2))); };
+  for (int64_t which : {0, 1, 2, 3}) {
+    SCOPED_TRACE("weight input case " + std::to_string(which));
+    Recorder r, rs;
+    auto fast = torch::compile(relu_mm, opts(r));
+    auto fast_strided = torch::compile(relu_mm_strided, opts(rs));
+    for (int call = 0; call < 2; ++call) {
+      torch::Tensor x = torch::randn({4, 16}), w = poison(torch::randn({24, 16}), which);
+      EXPECT_TRUE(tc_test::tensors_close(relu_mm(x, w), fast(x, w), kRtol, kAtol));
+      torch::Tensor w8 = torch::randn({8, 16});
+      w8.view({-1})[2 * 16 + 3] = which ? nan : 1.f;  // in a row the strided view keeps
+      EXPECT_TRUE(tc_test::tensors_close(relu_mm_strided(x, w8), fast_strided(x, w8), kRtol, kAtol));
+    }
+    EXPECT_EQ(r.fused(), (std::vector<std::string>{"linear+relu"}));
+  }
+}
+
+// ---- LSTM and GRU layers as oneDNN RNN primitives ------------------------------------------------
+// A random stack (cell, layers, directions, batch-first, biases, sizes; zero or given initial
+// states) compiled by onednn against eager: the sequence output and the final states, after an
+// in-place update of a weight (repacked), with a NaN and infinities in the input.
+struct RnnNet : torch::nn::Module {
+  bool gru = false, given_states = false;
+  torch::nn::LSTM lstm{nullptr};
+  torch::nn::GRU gru_layer{nullptr};
+  torch::Tensor h0, c0;
+  std::vector<torch::Tensor> flat_weights() {
+    std::vector<torch::Tensor> w;
+    for (auto& p : parameters()) w.push_back(p);
+    return w;
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    if (gru) {
+      auto r = given_states ? gru_layer->forward(x, h0) : gru_layer->forward(x);
+      return torch::cat({std::get<0>(r).flatten(), std::get<1>(r).flatten()});
+    }
+    auto r = given_states ? lstm->forward(x, std::make_tuple(h0, c0)) : lstm->forward(x);
+    auto states = std::get<1>(r);
+    return torch::cat({std::get<0>(r).flatten(), std::get<0>(states).flatten(), std::get<1>(states).flatten()});
+  }
+};
+
+TEST(OneDnnBackend, RandomLstmAndGruStacksMatchEager) {
+  torch::NoGradGuard no_grad;
+  std::mt19937 rng(2026);
+  auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (int trial = 0; trial < 16; ++trial) {
+    torch::manual_seed(trial);
+    auto net = std::make_shared<RnnNet>();
+    net->gru = trial % 2 == 1;
+    const int64_t layers = pick(1, 3), in = pick(1, 24), hidden = pick(1, 40), seq = pick(1, 9), batch = pick(1, 5);
+    const bool bidir = pick(0, 1), batch_first = pick(0, 1), bias = pick(0, 3) != 0;
+    net->given_states = pick(0, 1);
+    const int64_t dirs = bidir ? 2 : 1;
+    std::string what = std::string(net->gru ? "gru" : "lstm") + " layers " + std::to_string(layers) + " in " +
+                       std::to_string(in) + " hidden " + std::to_string(hidden) + " seq " + std::to_string(seq) +
+                       " batch " + std::to_string(batch) + (bidir ? " bidirectional" : "") +
+                       (batch_first ? " batch_first" : "") + (bias ? "" : " no-bias") +
+                       (net->given_states ? " given states" : "");
+    SCOPED_TRACE(what);
+    if (net->gru)
+      net->gru_layer = net->register_module(
+          "gru", torch::nn::GRU(torch::nn::GRUOptions(in, hidden).num_layers(layers).bidirectional(bidir)
+                                    .batch_first(batch_first).bias(bias).dropout(layers > 1 ? 0.5 : 0.0)));
+    else
+      net->lstm = net->register_module(
+          "lstm", torch::nn::LSTM(torch::nn::LSTMOptions(in, hidden).num_layers(layers).bidirectional(bidir)
+                                      .batch_first(batch_first).bias(bias).dropout(layers > 1 ? 0.5 : 0.0)));
+    net->h0 = net->register_buffer("h0", torch::randn({layers * dirs, batch, hidden}));
+    net->c0 = net->register_buffer("c0", torch::randn({layers * dirs, batch, hidden}));
+    net->eval();  // dropout between layers only in training
+    std::vector<int64_t> xs = batch_first ? std::vector<int64_t>{batch, seq, in} : std::vector<int64_t>{seq, batch, in};
+    Recorder r;
+    auto fast = torch::compile(net, opts(r));
+    for (int call = 0; call < 4; ++call) {
+      torch::Tensor x = torch::randn(xs);
+      if (call == 2) net->flat_weights()[pick(0, static_cast<int64_t>(net->flat_weights().size()) - 1)].mul_(-0.5);
+      if (call == 3) {
+        x.view({-1})[pick(0, x.numel() - 1)] = nan;
+        x.view({-1})[pick(0, x.numel() - 1)] = inf;
+        x.view({-1})[pick(0, x.numel() - 1)] = -inf;
+      }
+      torch::Tensor expected = net->forward(x), actual = fast(x);
+      EXPECT_TRUE(tc_test::tensors_close(expected, actual, kRtol, kAtol)) << "call " << call;
+    }
+    std::string label = std::string(net->gru ? "gru" : "lstm") + " (" + std::to_string(layers) + " layer" +
+                        (layers > 1 ? "s" : "") + (bidir ? ", bidirectional" : "") + ")";
+    EXPECT_EQ(r.fused(), (std::vector<std::string>{label}));
+  }
+}
+
+TEST(OneDnnBackend, RnnLayersOutsideTheLoweringStayWithATen) {
+  torch::manual_seed(51);
+  // Dropout between layers in training mode, and TORCHCOMPILE_ONEDNN_RNN=0.
+  auto net = std::make_shared<RnnNet>();
+  net->lstm = net->register_module("lstm", torch::nn::LSTM(torch::nn::LSTMOptions(6, 8).num_layers(2).dropout(0.3)));
+  torch::NoGradGuard no_grad;
+  {
+    Recorder r;
+    auto fast = torch::compile(net, opts(r));
+    torch::Tensor x = torch::randn({5, 2, 6});
+    torch::manual_seed(1);
+    torch::Tensor expected = net->forward(x);
+    torch::manual_seed(1);
+    EXPECT_TRUE(tc_test::tensors_close(expected, fast(x), kRtol, kAtol));
+    EXPECT_TRUE(r.fused().empty());
+  }
+  net->eval();
+  setenv("TORCHCOMPILE_ONEDNN_RNN", "0", 1);
+  Recorder off;
+  expect_matches_eager(net, [] { return torch::randn({5, 2, 6}); }, off);
+  EXPECT_TRUE(off.fused().empty());
+  unsetenv("TORCHCOMPILE_ONEDNN_RNN");
+  Recorder on;
+  expect_matches_eager(net, [] { return torch::randn({5, 2, 6}); }, on);
+  EXPECT_EQ(on.fused(), (std::vector<std::string>{"lstm (2 layers)"}));
+}
+
+// One compiled LSTM + GRU stack called from four threads at once (shared primitives and packs;
+// each call its own memory objects and scratchpad).
+TEST(OneDnnBackend, RnnFourThreadsAtOnceMatchEager) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(52);
+  auto m = std::make_shared<FnModule>();
+  auto lstm = m->register_module("lstm", torch::nn::LSTM(torch::nn::LSTMOptions(6, 12).num_layers(2).bidirectional(true)));
+  auto gru = m->register_module("gru", torch::nn::GRU(torch::nn::GRUOptions(24, 8).batch_first(true)));
+  m->fn = [lstm, gru](FnModule&, torch::Tensor x) {
+    torch::Tensor h = std::get<0>(lstm->forward(x));
+    return std::get<0>(gru->forward(h.transpose(0, 1).contiguous()));
+  };
+  m->eval();
+  Recorder r;
+  auto fast = torch::compile(m, opts(r));
+  std::vector<torch::Tensor> inputs, expected;
+  for (int i = 0; i < 8; ++i) {
+    inputs.push_back(torch::randn({7, 3, 6}));
+    expected.push_back(m->forward(inputs.back()));
+  }
+  expect_four_threads_match(fast, inputs, expected);
+  EXPECT_EQ(r.fused(), (std::vector<std::string>{"lstm (2 layers, bidirectional)", "gru (1 layer)"}));
+}

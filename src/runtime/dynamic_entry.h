@@ -1,0 +1,203 @@
+// Dynamic shapes: which input dimensions become size symbols, and the compiled entry that
+// serves every size of them.
+//
+// 1. Before a trace, dynamic_candidates() picks the candidate dimensions: every dimension with
+//    CompileOptions::dynamic = true, the marked ones (torchcompile::mark_dynamic), and with
+//    automatic dynamic the dimensions whose size changed since the first trace. Sizes 0 and 1
+//    and mark_static dimensions are never candidates.
+// 2. The trace runs on observed tensors (capture/observed.h), which count the candidates host
+//    code read.
+// 3. plan_symbols() gives the candidates symbols, one per distinct size (duck sizing:
+//    dimensions equal when traced share a symbol and are guarded equal).
+// 4. The entry's guards accept any sizes >= 2 (within mark_dynamic's bounds) for the symbols.
+//    a. No symbol was read, and the trace was observed completely: the captured graph does not
+//       depend on the symbols' values. ShapeSpecializations runs it once under the tracer for
+//       each new combination of values (recording the same ops at the new sizes) and the backend
+//       compiles that static graph; later calls with those sizes run it directly.
+//    b. Otherwise (host code read a symbol, so the trace recorded integers computed from it or
+//       branched on it; or the trace could not be observed: graph breaks, autograd recording):
+//       ForwardReplays keeps one trace tree per combination of values, each made by running the
+//       forward again under the tracer at those sizes, host code included. Each is exactly the
+//       trace a static entry would make at those sizes.
+#pragma once
+
+#include <torchcompile/compile/compile_report.h>
+#include <torchcompile/backends/registry.h>
+#include <torchcompile/runtime/compiled_function.h>
+
+#include <c10/util/SmallVector.h>
+
+#include <optional>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace torchcompile::runtime {
+
+/// A size symbol of a dynamic entry.
+struct SizeSymbol {
+  std::string name;        ///< s0, s1, ...
+  uint32_t input = 0;      ///< its first dimension: input tensor index
+  uint32_t dim = 0;        ///< and dimension
+  int64_t traced = 0;      ///< the size when traced
+  int64_t min = 2;         ///< accepted range
+  int64_t max = std::numeric_limits<int64_t>::max();
+};
+
+/// `[2, inf)` or `[2, 16]`.
+std::string size_range(int64_t min, int64_t max);
+
+/// An input dimension that is a symbol.
+struct SymbolicDim {
+  uint32_t input = 0;
+  uint32_t dim = 0;
+  uint32_t symbol = 0;
+};
+
+/// The values of a dynamic entry's symbols in one call, in symbol order.
+using SizeKey = c10::SmallVector<int64_t, 4>;
+
+/// The symbols of a dynamic entry.
+struct DynamicPlan {
+  std::vector<SizeSymbol> symbols;
+  std::vector<SymbolicDim> dims;  ///< by input, then dimension
+  std::vector<std::string> input_names;
+  /// Why the captured graph may depend on the symbols' values (host code read one, or the trace
+  /// could not be observed completely); empty if it cannot. Then each new combination of values
+  /// runs the forward again (step 4b).
+  std::string replay_reason;
+
+  bool empty() const { return dims.empty(); }
+  bool replays_forward() const { return !replay_reason.empty(); }
+  /// The symbol of dimension `dim` of input `input`, or -1.
+  int symbol_of(uint32_t input, uint32_t dim) const;
+  /// One line per symbol: `s0 = size 0 of 'x' (traced 8), range [2, inf), also size 0 of 'y'`,
+  /// and for a plan that replays the forward, a line saying why.
+  std::vector<std::string> describe() const;
+  /// The symbols' values in a call whose guards passed; those of the trace.
+  SizeKey key_of(const std::vector<at::Tensor>& inputs) const;
+  SizeKey traced_key() const;
+  /// `s0=9, s1=4`.
+  std::string key_str(const SizeKey& key) const;
+};
+
+/// Values kept per combination of symbol values, most recently used first; beyond kMax the
+/// least recently used is dropped. Thread-safe.
+template <class V>
+class BySize {
+ public:
+  static constexpr size_t kMax = 64;
+
+  /// The value for `key` (made most recently used), or V().
+  V find(const SizeKey& key) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (size_t i = 0; i < items_.size(); ++i) {
+      if (items_[i].first != key) continue;
+      if (i != 0) std::rotate(items_.begin(), items_.begin() + i, items_.begin() + i + 1);
+      return items_.front().second;
+    }
+    return V();
+  }
+  /// Adds `value` for `key`; returns how many are kept.
+  size_t insert(SizeKey key, V value) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    items_.insert(items_.begin(), {std::move(key), std::move(value)});
+    if (items_.size() > kMax) items_.pop_back();
+    return items_.size();
+  }
+  size_t size() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return items_.size();
+  }
+  /// The values kept, most recently used first.
+  std::vector<V> values() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<V> out;
+    for (const auto& item : items_) out.push_back(item.second);
+    return out;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<std::pair<SizeKey, V>> items_;
+};
+
+/// A dimension that may become a symbol, before the trace.
+struct Candidate {
+  uint32_t input = 0;
+  uint32_t dim = 0;
+  int64_t min = 2;
+  int64_t max = std::numeric_limits<int64_t>::max();
+  bool marked = false;  ///< by mark_dynamic: warn if it stays static
+};
+
+/// What automatic dynamic remembers of a compiled object's calls: the sizes of the first trace
+/// and the dimensions that changed since.
+struct SizeHistory {
+  std::vector<std::vector<int64_t>> first;
+  std::vector<std::vector<bool>> changed;
+};
+
+/// The candidates of a call to be traced (step 1), updating `history`; logs each decision.
+std::vector<Candidate> dynamic_candidates(const std::optional<bool>& dynamic, const CallArgs& args,
+                                          const std::vector<std::string>& names, SizeHistory& history,
+                                          const std::string& owner);
+
+/// Step 3: the symbols of the candidates. `read` are the candidate bits (bit k: candidates[k])
+/// host code read, `first_reads` what was read for each bit: a read symbol makes the plan
+/// replay the forward. `static_reason`, if not empty, keeps every candidate static;
+/// `replay_reason`, if not empty, makes the plan replay the forward whatever was read. Logs
+/// each decision; warns for a marked dimension that stays static.
+DynamicPlan plan_symbols(const std::vector<Candidate>& candidates, uint64_t read,
+                         const std::vector<std::string>& first_reads, const std::string& static_reason,
+                         const std::string& replay_reason, const CallArgs& args,
+                         const std::vector<std::string>& names, const std::string& owner);
+
+/// The compiled forms of a dynamic entry's graph, one per combination of symbol values.
+class ShapeSpecializations {
+ public:
+  /// `generic` is the captured graph (as traced, before any pass); `first` its compiled form at
+  /// the traced sizes.
+  ShapeSpecializations(DynamicPlan plan, std::shared_ptr<GraphModule> generic, Backend backend,
+                       std::string backend_name, std::string owner, CompiledFn first);
+
+  /// Run the graph on `inputs` (the entry's guards passed).
+  std::vector<at::Tensor> operator()(const std::vector<at::Tensor>& inputs);
+
+  const DynamicPlan& plan() const { return plan_; }
+  /// The graph as captured, for explain.
+  const GraphModule& generic() const { return *generic_; }
+  /// Number of sizes compiled so far.
+  size_t num_specializations() const;
+
+  /// Combinations kept; beyond it the least recently used one is dropped.
+  static constexpr size_t kMaxSpecializations = BySize<int>::kMax;
+
+ private:
+  // Trace the generic graph at the sizes of `inputs` and compile it; returns this call's results.
+  std::vector<at::Tensor> specialize(const SizeKey& key, const std::vector<at::Tensor>& inputs);
+
+  DynamicPlan plan_;
+  std::shared_ptr<GraphModule> generic_;
+  Backend backend_;
+  std::string backend_name_;
+  std::string owner_;
+  std::mutex specialize_mutex_;  // one specialization at a time
+  BySize<std::shared_ptr<const CompiledFn>> compiled_;
+};
+
+/// A dynamic entry whose graph may depend on its symbols' values (step 4b): one trace tree per
+/// combination of values, each traced by running the forward at those sizes. The trees share
+/// the entry's guards (a retrace adds the modules whose hooks it crossed).
+struct ForwardReplays {
+  DynamicPlan plan;
+  BySize<std::shared_ptr<const CompiledEntry>> trees;
+  std::shared_ptr<const CompiledEntry> first;  // the first trace's tree (explain, graph_module)
+};
+
+}  // namespace torchcompile::runtime
