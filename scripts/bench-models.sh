@@ -328,6 +328,11 @@ results=$out_dir/RESULTS.md
     echo
   fi
   cat "$tmp/results.md"
+  # The hand-maintained sections (from the marker comment on) are kept as they are.
+  if [[ -f $results ]] && grep -q '^<!-- Everything above is written by scripts/bench-models.sh' "$results"; then
+    echo
+    sed -n '/^<!-- Everything above is written by scripts\/bench-models.sh/,$p' "$results"
+  fi
 } > "$results.tmp"
 mv "$results.tmp" "$results"
 
