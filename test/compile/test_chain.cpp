@@ -20,13 +20,7 @@ using torchcompile::Backend;
 using torchcompile::CompiledFn;
 using torchcompile::GraphModule;
 
-// A backend that runs the graph and counts how often it compiled.
-Backend counting_backend(std::shared_ptr<std::atomic<int>> count) {
-  return [count](GraphModule& gm, const std::vector<at::Tensor>&) -> CompiledFn {
-    ++*count;
-    return [&gm](std::vector<at::Tensor> in) { return gm.forward(std::move(in)); };
-  };
-}
+using tc_test::counting_backend;
 
 }  // namespace
 

@@ -22,21 +22,8 @@ using tc_test::tensors_close;
 
 constexpr double kRtol = 1e-4, kAtol = 1e-5;
 
-// The compiled function's result on its second call: the first one traces, computing eager's
-// result while it records (comparing that with eager would test nothing).
-template <class C, class... A>
-auto second_call(C& compiled, const A&... args) {
-  compiled(args...);
-  return compiled(args...);
-}
-
-// Every partition line of every graph of `e`, one per line.
-std::string partition_of(const torchcompile::ExplainOutput& e) {
-  std::string s;
-  for (const auto& r : e.compiled)
-    for (const auto& p : r.partition) s += p + "\n";
-  return s;
-}
+using tc_test::partition_of;
+using tc_test::second_call;
 
 }  // namespace
 

@@ -125,4 +125,18 @@ std::unique_ptr<torchcompile::GraphModule> cos_graph(const at::Tensor& example) 
   return gm;
 }
 
+torchcompile::Backend counting_backend(std::shared_ptr<std::atomic<int>> count) {
+  return [count](torchcompile::GraphModule& gm, const std::vector<at::Tensor>&) -> torchcompile::CompiledFn {
+    ++*count;
+    return [&gm](std::vector<at::Tensor> in) { return gm.forward(std::move(in)); };
+  };
+}
+
+std::string partition_of(const torchcompile::ExplainOutput& e) {
+  std::string s;
+  for (const auto& r : e.compiled)
+    for (const auto& p : r.partition) s += p + "\n";
+  return s;
+}
+
 }  // namespace tc_test

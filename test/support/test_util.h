@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -88,5 +89,19 @@ class ScopedEnv {
 
 /// x -> cos(x), built by hand: placeholder, call_function, output.
 std::unique_ptr<torchcompile::GraphModule> cos_graph(const at::Tensor& example);
+
+/// A backend that runs the graph as it is and counts how often it compiled.
+torchcompile::Backend counting_backend(std::shared_ptr<std::atomic<int>> count);
+
+/// The compiled function's result on its second call: the first one traces, computing eager's
+/// result while it records (comparing that with eager would test nothing).
+template <class C, class... A>
+auto second_call(C& compiled, const A&... args) {
+  compiled(args...);
+  return compiled(args...);
+}
+
+/// Every partition line of every graph `explain` reported, one per line.
+std::string partition_of(const torchcompile::ExplainOutput& e);
 
 }  // namespace tc_test

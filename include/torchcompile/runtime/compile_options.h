@@ -36,8 +36,9 @@ struct CompileOptions {
   /// is static, and a dimension whose size differs on a later call becomes a size symbol in the
   /// next trace. `true`: every dimension of every input is a symbol from the first trace, except
   /// sizes 0 and 1. `false`: always static (each new size is a new entry). A dimension the
-  /// forward's host code reads (`x.size(0)`) stays static either way, with the reason in
-  /// TORCHCOMPILE_LOGS=dynamic. torchcompile::mark_dynamic / mark_static mark single dimensions.
+  /// forward's host code reads (`x.size(0)`) stays a symbol of the same entry, which runs the
+  /// forward again to trace each new size of it (TORCHCOMPILE_LOGS=dynamic says so).
+  /// torchcompile::mark_dynamic / mark_static mark single dimensions.
   std::optional<bool> dynamic;
 
   CompileOptions() = default;
