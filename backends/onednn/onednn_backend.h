@@ -39,6 +39,9 @@
 // parameter requiring grad (ATen autograd keeps gradients correct); a graph with nothing to
 // fuse, or with call_module nodes; a graph oneDNN accepts no primitive of; a compile error
 // (which also warns). `default` then runs the graph with the interpreter.
+//
+// The sources: onednn_backend.cpp (these entry points); the compiler's parts, one file per kind
+// of group, are listed at the top of onednn_internal.h.
 #pragma once
 
 #include <torchcompile/backends/registry.h>
