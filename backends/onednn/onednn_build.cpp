@@ -3,7 +3,7 @@
 // falling back to ATen steps for a group oneDNN refuses and for the chain nodes past what it
 // accepted; every other node becomes an ATen step (the interpreter's ir::OpStep). Also here:
 // where values live (slots, blocked buffers made plain on demand), reorders, post-op lists, and
-// the ATen path of a group fusing relu or clip (make_fallback).
+// the compile side of AtenFallback (make_fallback).
 #include "onednn_internal.h"
 
 namespace torchcompile::backends::onednn::detail {
@@ -155,10 +155,10 @@ void Compiler::emit_aten(Node* n) {
   push(std::make_unique<AtenStep>(std::move(call)), std::move(reads));
 }
 
-std::shared_ptr<AtenFallback> Compiler::make_fallback(const Group& g, size_t kept, const Value& out,
+std::shared_ptr<AtenFallback> Compiler::make_fallback(const Group& g, size_t kept, const Value& out, int32_t limit,
                                                       std::vector<uint32_t>& reads) {
-  if (!fuses_nan_losing_activation(g, kept)) return nullptr;
   auto f = std::make_shared<AtenFallback>();
+  f->limit = limit;
   std::vector<Node*> nodes(g.head.begin(), g.head.end());
   for (const auto& ch : g.chain) {
     if (ch.second > kept) break;

@@ -102,7 +102,7 @@ std::shared_ptr<PackedHolder> pack_conv(const Group& g, const md_t& packed_md) {
     }
     W = W.contiguous();
     p->bias = B.contiguous();
-    p->nonfinite = any_nonfinite(W) || any_nonfinite(p->bias);
+    p->nonfinite = any_above(W, kNonFiniteAbove) || any_above(p->bias, kNonFiniteAbove);
     dims wd = G == 1 ? dims{W.size(0), W.size(1), W.size(2), W.size(3)}
                      : dims{G, W.size(0) / G, W.size(1), W.size(2), W.size(3)};
     md_t user(wd, dt::f32, G == 1 ? tag::oihw : tag::goihw);
@@ -375,7 +375,7 @@ bool Compiler::emit_conv(Group& g) {
     add_scratchpad(pd->scratchpad_desc(), s->has_scratch, s->m_scratch);
     Value out = kept_output(g, kept);
     g.out = out;
-    s->fallback = make_fallback(g, kept, out, reads);
+    if (fuses_nan_losing_activation(g, kept)) s->fallback = make_fallback(g, kept, out, kNonFiniteAbove, reads);
     const std::vector<int64_t>& out_sizes = meta(out).sizes;
     // Residual (sum): copied into the destination in its layout first.
     for (size_t i = 0; i < kept; ++i)

@@ -240,7 +240,7 @@ bool Compiler::emit_linear(Group& g, bool batched) {
         at::NoGradGuard no_grad;
         at::Tensor w = transposed ? attr_t->t() : *attr_t;
         w = w.contiguous();  // a plain (K, N) source
-        p->nonfinite = any_nonfinite(w);
+        p->nonfinite = any_above(w, kNonFiniteAbove);
         md_t user = plain_md(lsz, contiguous_strides(lsz));
         p->weight = at::empty({static_cast<int64_t>(packed_md.get_size()) + 64}, at::kByte);
         reorder_now(user, w.data_ptr(), packed_md, p->weight.data_ptr());
@@ -271,7 +271,7 @@ bool Compiler::emit_linear(Group& g, bool batched) {
     // The result of the kept part of the chain.
     Value out = kept_output(g, kept);
     g.out = out;
-    s->fallback = make_fallback(g, kept, out, reads);
+    if (fuses_nan_losing_activation(g, kept)) s->fallback = make_fallback(g, kept, out, kNonFiniteAbove, reads);
     s->out_sizes = meta(out).sizes;
     s->out = new_slot();
     locs_[out] = slot_loc(s->out);

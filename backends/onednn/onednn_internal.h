@@ -228,12 +228,22 @@ struct ToPlainStep : Step {
   void run(Ctx& c) const override;
 };
 
-/// oneDNN computes relu and clip (relu6, hardtanh, clamp) post-ops as a max/min against a
-/// constant, which turns a NaN into the constant where ATen keeps the NaN. A group fusing one of
-/// them checks its inputs on every call (activations and, when packing, weights); when one holds a
-/// NaN or an infinity (an infinity can make a NaN inside the GEMM), the call runs the group's nodes
-/// through ATen, as eager does. Finite inputs give finite pre-activations (barring overflow), which
-/// those post-ops compute exactly.
+/// Limits for the NaN / infinity scans, on a float's bits without its sign: above kNanAbove (the
+/// bits of infinity) is a NaN; above kNonFiniteAbove (FLT_MAX) a NaN or an infinity.
+constexpr int32_t kNanAbove = 0x7f800000;
+constexpr int32_t kNonFiniteAbove = 0x7f7fffff;
+
+/// The one way a step leaves its primitive for ATen: on a call whose inputs hold values the
+/// primitive would get wrong, the step scans them first and, if one is found, runs its group's
+/// nodes with the interpreter's op steps (ir::OpStep) instead, as eager does. Used by:
+///  - GEMMs and convolutions fusing relu or clip (relu6, hardtanh, clamp): oneDNN computes those
+///    as a max / min against a constant, which turns a NaN into the constant where ATen keeps
+///    it. Trigger: a NaN or an infinity (which can make a NaN inside the GEMM) in an input or
+///    in the packed weights. Finite inputs give finite pre-activations (barring overflow),
+///    which those post-ops compute exactly.
+///  - max pooling: oneDNN's max skips a NaN, ATen's propagates it. Trigger: a NaN in the input.
+/// Built by Compiler::make_fallback; a blocked input is reordered to a plain tensor for ATen
+/// (on that path only); the nodes' values live in private slots, cleared after the call.
 struct AtenFallback {
   struct Scan {
     bool blocked = false;
@@ -246,23 +256,23 @@ struct AtenFallback {
     std::optional<Reorder> reorder;
     uint32_t slot = 0;
   };
+  int32_t limit = kNonFiniteAbove;  // kNanAbove or kNonFiniteAbove
   std::vector<Scan> scans;
   std::vector<Unblock> unblock;
   std::vector<ir::OpStep> steps;  // the group's nodes, in graph order
   std::vector<uint32_t> private_slots;
   uint32_t result_slot = 0;
 
-  /// Whether this call must take the ATen path: `packed` (may be null) or a scanned input holds a
-  /// NaN or an infinity.
+  /// Whether this call must take the ATen path: `packed` (may be null) holds a non-finite value,
+  /// or a scanned input a value above `limit`.
   bool triggered(const Ctx& c, const Packed* packed) const;
   /// Runs the group's nodes; returns their result (and clears the private slots).
   at::Tensor run(Ctx& c) const;
 };
 
-/// Whether `n` floats at `p` hold a NaN.
-bool any_nan(const void* p, size_t n);
-/// Whether the tensor holds a NaN or an infinity (see onednn_steps.cpp).
-bool any_nonfinite(const at::Tensor& t);
+/// Whether the tensor holds a value whose magnitude's bits exceed `limit`: scanned in memory
+/// when it is dense enough (see onednn_steps.cpp), else with ATen.
+bool any_above(const at::Tensor& t, int32_t limit);
 
 struct MatmulStep : Step {
   dnnl::matmul prim;
@@ -318,23 +328,13 @@ struct ConvStep : Step {
   void run(Ctx& c) const override;
 };
 
-/// What a max pooling runs when its input holds a NaN: ATen's kernel, which propagates it
-/// (oneDNN's max does not).
-struct NanFallback {
-  std::vector<int64_t> kernel, stride, padding;
-  bool ceil_mode = false;
-  std::vector<int64_t> src_sizes;   // plain NCHW
-  size_t src_floats = 0;            // what the NaN scan reads (a blocked layout's padding included)
-  std::optional<Reorder> to_plain;  // a blocked source, to NCHW
-};
-
 struct PoolStep : Step {
   dnnl::primitive prim;
   ActIn src;
-  ActOut out;
+  ActOut out;  // plain
   uint32_t m_src, m_dst, m_scratch;
   bool has_scratch = false;
-  std::optional<NanFallback> nan;  // max pooling
+  std::shared_ptr<const AtenFallback> fallback;  // max pooling: a NaN in the input
   void run(Ctx& c) const override;
 };
 
@@ -422,9 +422,10 @@ class Compiler {
   // `out` written as the plain tensor `v` (NCHW): by the primitive itself when its destination
   // layout `dst` is plain, else into a buffer reordered to plain.
   void plain_output(ActOut& out, const md_t& dst, const md_t& plain_dst, const Value& v);
-  // The ATen path of a group fusing a NaN-losing activation (AtenFallback), or null. Appends the
+  // The ATen path of a group's nodes up to its first `kept` post-ops, whose result is `out`,
+  // taken on a call where a scanned input has a value above `limit` (AtenFallback). Appends the
   // slots it reads to `reads`.
-  std::shared_ptr<AtenFallback> make_fallback(const Group& g, size_t kept, const Value& out,
+  std::shared_ptr<AtenFallback> make_fallback(const Group& g, size_t kept, const Value& out, int32_t limit,
                                               std::vector<uint32_t>& reads);
   uint32_t add_mem(const md_t& md) {
     prog_->mem_descs.push_back(md);

@@ -1,7 +1,7 @@
 // Pooling groups of the onednn backend: max pooling, average pooling and (after a lowered
 // convolution, whose output may then stay blocked) global average pooling, as one oneDNN pooling
-// primitive each (PoolStep). A max pooling whose input holds a NaN runs ATen's kernel on that
-// call (NanFallback): oneDNN's max skips NaNs, ATen's propagates them.
+// primitive each (PoolStep). A max pooling whose input holds a NaN runs with ATen on that call
+// (AtenFallback): oneDNN's max skips NaNs, ATen's propagates them.
 #include "onednn_internal.h"
 
 namespace torchcompile::backends::onednn::detail {
@@ -96,8 +96,7 @@ bool Compiler::emit_pool(Group& g) {
   const bool global = is_call(g.anchor, {"aten::adaptive_avg_pool2d", "aten::mean.dim"});
   const std::vector<int64_t> os4 = global ? std::vector<int64_t>{N, C, 1, 1} : meta(g.base).sizes;
   const Loc* src_loc = blocked_loc(g.src);
-  md_t plain_src({N, C, H, W}, dt::f32, tag::nchw);
-  md_t src_md = src_loc ? src_loc->md : plain_src;
+  md_t src_md = src_loc ? src_loc->md : md_t({N, C, H, W}, dt::f32, tag::nchw);
   md_t dst_any(os4, dt::f32, tag::any);
   md_t plain_dst(os4, dt::f32, tag::nchw);
   // The right padding: ATen's symmetric padding, or more where ceil_mode adds a last window (then
@@ -127,18 +126,8 @@ bool Compiler::emit_pool(Group& g) {
   s->m_dst = add_mem(pd->dst_desc());
   add_scratchpad(pd->scratchpad_desc(), s->has_scratch, s->m_scratch);
   s->out.sizes = meta(g.out).sizes;
-  if (g.pool_max) {
-    // A NaN in the input: ATen's kernel computes the (plain) result instead.
-    NanFallback f;
-    f.kernel = g.kernel;
-    f.stride = g.stride;
-    f.padding = g.padding;
-    f.ceil_mode = g.ceil_mode;
-    f.src_sizes = xm.sizes;
-    f.src_floats = src_md.get_size() / sizeof(float);
-    if (src_loc) f.to_plain = make_reorder(src_md, plain_src);
-    s->nan = std::move(f);
-  }
+  // A NaN in a max pooling's input: its node runs with ATen instead.
+  if (g.pool_max) s->fallback = make_fallback(g, 0, g.out, kNanAbove, reads);
   plain_output(s->out, pd->dst_desc(), plain_dst, g.out);
   push(std::move(s), std::move(reads));
   return true;

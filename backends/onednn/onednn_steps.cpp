@@ -1,8 +1,7 @@
 // What the onednn backend's steps do at run time (their fields are in onednn_internal.h, set by
 // the emitters): execute a oneDNN primitive with the call's tensors and buffers bound to its
-// memory objects, reorder blocked values, run ATen steps, and take the ATen path on a call whose
-// inputs hold values the primitive would get wrong (AtenFallback, NanFallback); the NaN /
-// infinity scans those checks run.
+// memory objects, reorder blocked values, run ATen steps, and take AtenFallback's ATen path on a
+// call whose inputs hold values the primitive would get wrong.
 #include "onednn_internal.h"
 
 #include <ATen/ATen.h>
@@ -37,14 +36,14 @@ void ToPlainStep::run(Ctx& c) const {
   c.slots[out] = std::move(t);
 }
 
-// ---- NaN / infinity scans ------------------------------------------------------------------------
+// ---- AtenFallback -------------------------------------------------------------------------------
 
 namespace {
 
-// Whether one of `n` floats at `p` has a magnitude whose bits exceed `limit`: 0x7f800000 finds a
-// NaN, 0x7f7fffff a NaN or an infinity. One pass of integer compares, vectorized for AVX-512,
-// AVX2 or SSE2, chosen at the first call (~0.1 ms for 2 M floats here). Not GCC's target_clones:
-// its ifunc resolver runs before ThreadSanitizer's runtime is up and crashes the process.
+// Whether one of `n` floats at `p` has a magnitude whose bits exceed `limit`. One pass of integer
+// compares, vectorized for AVX-512, AVX2 or SSE2, chosen at the first call (~0.1 ms for 2 M floats
+// here). Not GCC's target_clones: its ifunc resolver runs before ThreadSanitizer's runtime is up
+// and crashes the process.
 inline __attribute__((always_inline)) bool magnitude_above(const void* p, size_t n, int32_t limit) {
   typedef int32_t __attribute__((may_alias)) word;  // float data read as integers
   const word* bits = static_cast<const word*>(p);
@@ -68,33 +67,29 @@ bool any_magnitude_above(const void* p, size_t n, int32_t limit) {
   return fn(p, n, limit);
 }
 
-// Whether `n` floats at `p` hold a NaN or an infinity.
-bool any_nonfinite(const void* p, size_t n) { return any_magnitude_above(p, n, 0x7f7fffff); }
-
 }  // namespace
-
-bool any_nan(const void* p, size_t n) { return any_magnitude_above(p, n, 0x7f800000); }
 
 // Scans the floats between the tensor's first and last element: exactly its elements when its
 // layout is dense (contiguous, or a transposed / permuted weight as training graphs pass them);
 // for a view with gaps of at most 3x its size, those gaps too, which can only send a call to the
-// ATen path, never keep it from it. Other tensors go through ATen's isfinite (several kernels).
-bool any_nonfinite(const at::Tensor& t) {
+// ATen path, never keep it from it. Other tensors go through ATen (several kernels).
+bool any_above(const at::Tensor& t, int32_t limit) {
   if (!t.defined() || t.numel() == 0) return false;
   if (t.scalar_type() == at::kFloat) {
     int64_t span = 1;
     for (int64_t d = 0; d < t.dim(); ++d) span += (t.size(d) - 1) * t.stride(d);  // ATen strides are >= 0
-    if (span <= 4 * t.numel()) return any_nonfinite(t.data_ptr(), static_cast<size_t>(span));
+    if (span <= 4 * t.numel()) return any_magnitude_above(t.data_ptr(), static_cast<size_t>(span), limit);
   }
+  if (limit == kNanAbove) return at::isnan(t).any().item<bool>();
   return !at::isfinite(t).all().item<bool>();
 }
-
-// ---- AtenFallback -------------------------------------------------------------------------------
 
 bool AtenFallback::triggered(const Ctx& c, const Packed* packed) const {
   if (packed && packed->nonfinite) return true;
   for (const Scan& s : scans) {
-    if (s.blocked ? any_nonfinite(c.ms->buffer_ptrs[s.index], s.floats) : any_nonfinite(c.slots[s.index])) return true;
+    if (s.blocked ? any_magnitude_above(c.ms->buffer_ptrs[s.index], s.floats, limit)
+                  : any_above(c.slots[s.index], limit))
+      return true;
   }
   return false;
 }
@@ -200,21 +195,14 @@ void ConvStep::run(Ctx& c) const {
 }
 
 void PoolStep::run(Ctx& c) const {
+  if (fallback && fallback->triggered(c, nullptr)) {
+    c.slots[out.slot] = fallback->run(c);
+    return;
+  }
   const auto& m = c.ms->mems;
   at::Tensor tmp_src;
   void* x = src.get(c, tmp_src);
-  if (nan && any_nan(x, nan->src_floats)) {
-    at::Tensor plain;
-    if (src.blocked) {
-      plain = at::empty(nan->src_sizes, at::TensorOptions().dtype(at::kFloat));
-      nan->to_plain->run(c, x, plain.data_ptr());
-    } else {
-      plain = src.plain.get(c, tmp_src);
-    }
-    c.slots[out.slot] = at::max_pool2d(plain, nan->kernel, nan->stride, nan->padding, 1, nan->ceil_mode);
-    return;
-  }
-  at::Tensor y = out.blocked ? at::Tensor() : at::empty(out.sizes, at::TensorOptions().dtype(at::kFloat));
+  at::Tensor y = at::empty(out.sizes, at::TensorOptions().dtype(at::kFloat));
   void* dst = out.direct ? y.data_ptr() : c.ms->buffer_ptrs[out.buffer];
   ExecArgs args;
   args.bind(DNNL_ARG_SRC, m[m_src], x);
@@ -223,7 +211,6 @@ void PoolStep::run(Ctx& c) const {
     args.bind(DNNL_ARG_SCRATCHPAD, m[m_scratch], c.ms->buffer_ptrs[0]);
   }
   execute(prim, c, args);
-  if (out.blocked) return;
   if (!out.direct) out.to_plain->run(c, dst, y.data_ptr());
   c.slots[out.slot] = std::move(y);
 }
