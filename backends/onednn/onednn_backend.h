@@ -35,10 +35,18 @@
 // scratchpad mode; scratchpad, blocked intermediates and oneDNN memory objects come from a pool
 // of per-call sets (created on first need, then reused), and each thread has its own stream.
 //
+// NaN and infinity as eager: oneDNN's relu / clip post-ops and its max pooling lose a NaN, so a
+// step fusing one scans its inputs on each call (a vectorized scan) and, when one holds a NaN
+// (or, for GEMMs and convolutions, an infinity), runs the group's nodes with ATen on that call
+// instead.
+//
 // Declines (torchcompile::decline, with the reason): with grad mode enabled and any input or
 // parameter requiring grad (ATen autograd keeps gradients correct); a graph with nothing to
 // fuse, or with call_module nodes; a graph oneDNN accepts no primitive of; a compile error
 // (which also warns). `default` then runs the graph with the interpreter.
+//
+// The sources: onednn_backend.cpp (these entry points); the compiler's parts, one file per kind
+// of group, are listed at the top of onednn_internal.h.
 #pragma once
 
 #include <torchcompile/backends/registry.h>

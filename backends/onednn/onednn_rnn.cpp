@@ -1,6 +1,10 @@
+// LSTM and GRU layers in the onednn backend: matching `aten::lstm.input` / `aten::gru.input`
+// (Compiler::match_rnn), emission (Compiler::emit_rnn), and the step running one oneDNN RNN
+// primitive per layer with prepacked weights (RnnStep, make_rnn_step).
 #include "onednn_rnn.h"
 
 #include "dnnl_compat.h"
+#include "onednn_internal.h"
 
 #include <ATen/ATen.h>
 
@@ -13,10 +17,6 @@
 namespace torchcompile::backends::onednn::detail {
 
 namespace {
-
-using md_t = dnnl::memory::desc;
-using dt = dnnl::memory::data_type;
-using tag = dnnl::memory::format_tag;
 
 // One layer (both directions of a bidirectional one): its primitive and the layouts it reads.
 struct Layer {
@@ -196,6 +196,102 @@ std::unique_ptr<Step> make_rnn_step(const RnnSpec& spec, PlainIn x, PlainIn h0, 
   s->c0 = std::move(c0);
   s->outs = std::move(outs);
   return s;
+}
+
+// ---- the compiler's part ------------------------------------------------------------------------
+
+// aten::lstm.input(input, hx[], params[], has_biases, num_layers, dropout, train, bidirectional,
+// batch_first) and aten::gru.input (the same with one hx tensor) over fp32 sequences, with the
+// parameters as module attributes (prepacked) and without dropout between layers.
+bool Compiler::match_rnn(Node* n, Group& g) {
+  if (!rnn_enabled() || !is_call(n, {"aten::lstm.input", "aten::gru.input"})) return false;
+  g.kind = GroupKind::Rnn;
+  g.anchor = n;
+  RnnSpec& s = g.rnn;
+  s.gru = n->target() == "aten::gru.input";
+  for (size_t i = 3; i < 9; ++i)
+    if (!scalar_arg(n, i)) return false;
+  s.has_biases = *scalar_arg(n, 3) != 0;
+  s.layers = static_cast<int64_t>(*scalar_arg(n, 4));
+  const bool dropout_active = *scalar_arg(n, 6) != 0 && *scalar_arg(n, 5) != 0 && s.layers > 1;
+  s.dirs = *scalar_arg(n, 7) != 0 ? 2 : 1;
+  s.batch_first = *scalar_arg(n, 8) != 0;
+  if (dropout_active || s.layers < 1) return false;
+  auto x = value_arg(n, 0);
+  if (!x) return false;
+  const TensorMeta& xm = meta(*x);
+  if (!is_f32(xm) || xm.sizes.size() != 3 || !is_contiguous(xm.sizes, xm.strides) || numel(xm.sizes) == 0) return false;
+  s.seq = xm.sizes[s.batch_first ? 1 : 0];
+  s.batch = xm.sizes[s.batch_first ? 0 : 1];
+  s.input_size = xm.sizes[2];
+  // Initial states: (layers * dirs, batch, hidden), contiguous fp32.
+  std::vector<Value> states;
+  if (s.gru) {
+    auto h = value_arg(n, 1);
+    if (!h) return false;
+    states.push_back(*h);
+  } else {
+    if (!arg(n, 1).is_list() || arg(n, 1).list().size() != 2) return false;
+    for (const auto& e : arg(n, 1).list())
+      if (!e || !meta(*e).defined) return false;
+      else states.push_back(*e);
+  }
+  if (meta(states[0]).sizes.size() != 3) return false;
+  s.hidden = meta(states[0]).sizes[2];
+  const std::vector<int64_t> state_sizes{s.layers * s.dirs, s.batch, s.hidden};
+  for (const Value& v : states)
+    if (!is_f32(meta(v)) || meta(v).sizes != state_sizes || !is_contiguous(meta(v).sizes, meta(v).strides)) return false;
+  // Parameters: module attributes of LibTorch's shapes (no projections).
+  if (!arg(n, 2).is_list()) return false;
+  const auto& ps = arg(n, 2).list();
+  const int64_t per = s.params_per_cell(), G = s.gates(), H = s.hidden;
+  if (static_cast<int64_t>(ps.size()) != s.layers * s.dirs * per) return false;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    if (!ps[i]) return false;
+    const at::Tensor* t = attr_of(*ps[i]);
+    if (!t || !t->is_contiguous()) return false;
+    const int64_t layer = static_cast<int64_t>(i) / (s.dirs * per), which = static_cast<int64_t>(i) % per;
+    const int64_t in = layer == 0 ? s.input_size : s.dirs * H;
+    const std::vector<int64_t> want = which == 0 ? std::vector<int64_t>{G * H, in}
+                                      : which == 1 ? std::vector<int64_t>{G * H, H}
+                                                   : std::vector<int64_t>{G * H};
+    if (t->sizes().vec() != want) return false;
+    s.params.push_back(t);
+    g.helpers.push_back(ps[i]->node);
+  }
+  // The states come out contiguous; the sequence output is (T, N, D*H), batch-first as its
+  // transposed view (ATen's layout).
+  for (size_t i = 0; i < n->num_outputs(); ++i) {
+    const TensorMeta& om = meta(n->output(i));
+    if (!is_f32(om)) return false;
+    if (i == 0 && s.batch_first) {
+      std::vector<int64_t> tnc{om.sizes.at(1), om.sizes.at(0), om.sizes.at(2)};
+      if (!is_contiguous(tnc, {om.strides.at(1), om.strides.at(0), om.strides.at(2)})) return false;
+    } else if (!is_contiguous(om.sizes, om.strides)) {
+      return false;
+    }
+  }
+  g.src = *x;
+  g.h0 = states[0];
+  if (!s.gru) g.c0 = states[1];
+  g.head.push_back(n);
+  g.base = n->output(0);
+  return true;
+}
+
+bool Compiler::emit_rnn(Group& g) {
+  Node* n = g.anchor;
+  std::vector<uint32_t> outs;
+  for (size_t i = 0; i < n->num_outputs(); ++i) outs.push_back(new_slot());
+  PlainIn x = plain_in(g.src), h0 = plain_in(*g.h0);
+  std::optional<PlainIn> c0;
+  if (g.c0) c0 = plain_in(*g.c0);
+  std::vector<uint32_t> reads{x.slot, h0.slot};
+  if (c0) reads.push_back(c0->slot);
+  auto step = make_rnn_step(g.rnn, std::move(x), std::move(h0), std::move(c0), outs);
+  for (size_t i = 0; i < n->num_outputs(); ++i) locs_[n->output(i)] = slot_loc(outs[i]);
+  push(std::move(step), std::move(reads));
+  return true;
 }
 
 }  // namespace torchcompile::backends::onednn::detail

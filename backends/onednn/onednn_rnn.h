@@ -1,5 +1,6 @@
 // Private to the onednn backend: LibTorch's LSTM and GRU layers (`aten::lstm.input`,
 // `aten::gru.input`, inference) as oneDNN RNN primitives, one per layer, with prepacked weights.
+// onednn_rnn.cpp also holds the compiler's RNN matcher and emitter (Compiler::match_rnn, emit_rnn).
 #pragma once
 
 #include "onednn_runtime.h"

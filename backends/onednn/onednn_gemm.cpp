@@ -1,0 +1,284 @@
+// GEMM groups of the onednn backend: matching (`linear`, `addmm`, `mm`, `matmul` with a 2-D
+// weight, and a following bias `add`; `bmm`, 3-D `matmul`, `baddbmm`) and emission as one oneDNN
+// matmul primitive with the chain's post-ops (MatmulStep). A weight read from a module attribute
+// is prepacked into the primitive's layout; any other weight is read from its slot as traced.
+#include "onednn_internal.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include <cmath>
+#include <cstdlib>
+
+namespace torchcompile::backends::onednn::detail {
+
+namespace {
+
+// A GEMM whose weight is not a module attribute (both operands activations, or the weights
+// AOT's training graphs take as inputs) cannot be prepacked: oneDNN reads it in its plain layout
+// on every call. oneDNN runs such a GEMM faster than the BLAS ATen calls only with its brgemm
+// kernels (AVX-512 machines with oneDNN 2.6). Its other f32 GEMM (`gemm:jit`, what oneDNN 2.6
+// and 3.7 use on AVX2 machines) measured 0.5-1.1x OpenBLAS on the GEMMs of transformer and MLP
+// training steps (0.5x with a transposed first operand, as weight gradients have), so there ATen
+// runs it.
+// TORCHCOMPILE_ONEDNN_DYNAMIC_GEMM=1 / 0 overrides. (Read at each compile.)
+bool dynamic_gemm_pays(const md_t& src, const md_t& wei) {
+  const char* e = std::getenv("TORCHCOMPILE_ONEDNN_DYNAMIC_GEMM");
+  if (e && *e) return std::string(e) == "1";
+  const dims s = compat::dims_of(src), w = compat::dims_of(wei);
+  try {
+    auto pd = compat::matmul_pd(cpu_engine(), src, wei, md_t(), md_t({s[0], w[1]}, dt::f32, tag::ab),
+                                dnnl::primitive_attr());
+    return std::string(pd.impl_info_str()).rfind("brg", 0) == 0;
+  } catch (const dnnl::error&) {
+    return false;
+  }
+}
+
+}  // namespace
+
+// ---- matching -----------------------------------------------------------------------------------
+
+bool Compiler::set_weight_2d(Group& g, const Value& w) {
+  const TensorMeta& wm = meta(w);
+  if (!is_f32(wm) || wm.sizes.size() != 2) return false;
+  g.weight = w;
+  g.w_sizes = wm.sizes;
+  g.w_strides = wm.strides;
+  // Prepack an attribute read directly or through a 2-D transpose used only here.
+  Node* wn = w.node;
+  if (const at::Tensor* a = attr_of(w)) {
+    g.weight_attr = a;
+    g.weight_transposed = false;
+    if (wn->uses(0).size() == 1) g.helpers.push_back(wn);
+    return true;
+  }
+  bool is_t = is_call(wn, {"aten::t"}) ||
+              (is_call(wn, {"aten::transpose.int"}) && wn->args().size() >= 3 && arg(wn, 1).is_constant() &&
+               arg(wn, 2).is_constant() && scalar(arg(wn, 1).constant()) && scalar(arg(wn, 2).constant()) &&
+               std::abs(*scalar(arg(wn, 1).constant()) - *scalar(arg(wn, 2).constant())) == 1.0) ||
+              (is_call(wn, {"aten::permute"}) && int_list(arg(wn, 1).constant()) &&
+               *int_list(arg(wn, 1).constant()) == std::vector<int64_t>{1, 0});
+  if (is_t) {
+    auto base = value_arg(wn, 0);
+    if (base && meta(*base).sizes.size() == 2) {
+      if (const at::Tensor* a = attr_of(*base)) {
+        g.weight_attr = a;
+        g.weight_transposed = true;
+        if (total_uses(wn) == 1) {
+          g.helpers.push_back(wn);
+          if (base->node->uses(0).size() == 1) g.helpers.push_back(base->node);
+        }
+        return true;
+      }
+    }
+  }
+  return true;  // dynamic weight, read from its slot with the traced layout
+}
+
+bool Compiler::match_linear(Node* n, Group& g) {
+  const std::string& t = n->target();
+  g.kind = GroupKind::Linear;
+  g.anchor = n;
+  if (t == "aten::linear") {
+    auto x = value_arg(n, 0), w = value_arg(n, 1);
+    if (!x || !w || !is_f32(meta(*x)) || meta(*x).sizes.size() < 2) return false;
+    const TensorMeta& wm = meta(*w);
+    if (!is_f32(wm) || wm.sizes.size() != 2) return false;
+    // The weight is (N, K): the logical (K, N) operand is its transpose.
+    g.weight = *w;
+    g.w_sizes = {wm.sizes[1], wm.sizes[0]};
+    g.w_strides = {wm.strides[1], wm.strides[0]};
+    if (const at::Tensor* a = attr_of(*w)) {
+      g.weight_attr = a;
+      g.weight_transposed = true;
+      if (w->node->uses(0).size() == 1) g.helpers.push_back(w->node);
+    }
+    if (auto b = value_arg(n, 2)) {
+      g.bias = *b;
+    } else if (!none_arg(n, 2)) {
+      return false;
+    }
+    g.src = *x;
+  } else if (t == "aten::addmm") {
+    auto b = value_arg(n, 0), x = value_arg(n, 1), w = value_arg(n, 2);
+    auto beta = scalar_arg(n, 3), alpha = scalar_arg(n, 4);
+    if (!b || !x || !w || beta != 1.0 || alpha != 1.0) return false;
+    if (!is_f32(meta(*x)) || meta(*x).sizes.size() != 2) return false;
+    g.bias = *b;
+    g.src = *x;
+    if (!set_weight_2d(g, *w)) return false;
+  } else if (t == "aten::mm" || t == "aten::matmul") {
+    auto x = value_arg(n, 0), w = value_arg(n, 1);
+    if (!x || !w || !is_f32(meta(*x)) || meta(*w).sizes.size() != 2) return false;
+    if (t == "aten::mm" && meta(*x).sizes.size() != 2) return false;
+    if (meta(*x).sizes.size() < 2) return false;
+    g.src = *x;
+    if (!set_weight_2d(g, *w)) return false;
+  } else {
+    return false;
+  }
+  const TensorMeta& om = meta(n->output(0));
+  if (!is_f32(om) || !is_contiguous(om.sizes, om.strides)) return false;
+  if (!as_2d(meta(g.src))) return false;
+  const int64_t N = g.w_sizes[1];
+  if (g.w_sizes[0] != meta(g.src).sizes.back() || om.sizes.back() != N) return false;
+  if (!g.weight_attr && !dynamic_gemm_pays(md_2d(meta(g.src)), plain_md(g.w_sizes, g.w_strides))) return false;
+  if (g.bias) {
+    const TensorMeta& bm = meta(*g.bias);
+    if (!is_f32(bm) || bm.sizes != std::vector<int64_t>{N}) return false;
+  }
+  g.head.push_back(n);
+  g.base = n->output(0);
+  // A bias added by a separate (in-place) add, as LibTorch's Linear does for 3-D inputs.
+  ir::Use u;
+  if (!g.bias && sole_use(g.base, &u) && is_call(u.user, {"aten::add.Tensor", "aten::add_.Tensor"}) &&
+      scalar_arg(u.user, 2) == 1.0) {
+    Node* add = u.user;
+    bool inplace = add->target() == "aten::add_.Tensor";
+    auto other = value_arg(add, u.arg_index == 0 ? 1 : 0);
+    if (other && (!inplace || u.arg_index == 0) && is_f32(meta(*other)) &&
+        meta(*other).sizes == std::vector<int64_t>{N} && meta(add->output(0)).sizes == om.sizes &&
+        is_f32(meta(add->output(0))) && other->node != n) {
+      g.bias = *other;
+      g.head.push_back(add);
+      g.base = add->output(0);
+    }
+  }
+  return true;
+}
+
+bool Compiler::match_batched(Node* n, Group& g) {
+  g.kind = GroupKind::Batched;
+  g.anchor = n;
+  std::optional<Value> a, b, self;
+  if (is_call(n, {"aten::bmm", "aten::matmul"})) {
+    a = value_arg(n, 0);
+    b = value_arg(n, 1);
+  } else if (is_call(n, {"aten::baddbmm"})) {
+    self = value_arg(n, 0);
+    a = value_arg(n, 1);
+    b = value_arg(n, 2);
+    if (scalar_arg(n, 3) != 1.0 || scalar_arg(n, 4) != 1.0 || !self) return false;
+  } else {
+    return false;
+  }
+  if (!a || !b) return false;
+  const TensorMeta &am = meta(*a), &bm = meta(*b), &om = meta(n->output(0));
+  if (!is_f32(am) || !is_f32(bm) || !is_f32(om) || am.sizes.size() != 3 || bm.sizes.size() != 3) return false;
+  if (am.sizes[0] != bm.sizes[0] || am.sizes[2] != bm.sizes[1] || !is_contiguous(om.sizes, om.strides)) return false;
+  if (numel(am.sizes) == 0 || numel(bm.sizes) == 0) return false;
+  g.src = *a;
+  g.weight = *b;
+  g.w_sizes = bm.sizes;
+  g.w_strides = bm.strides;
+  g.head.push_back(n);
+  g.base = n->output(0);
+  if (self) {
+    const TensorMeta& sm = meta(*self);
+    if (!is_f32(sm) || sm.sizes != om.sizes) return false;
+    PostOp p;
+    p.is_add = true;
+    p.other = *self;
+    g.post.push_back(p);
+  }
+  return true;
+}
+
+// ---- emission -----------------------------------------------------------------------------------
+
+bool Compiler::emit_linear(Group& g, bool batched) {
+  const TensorMeta& xm = meta(g.src);
+  const TensorMeta& om = meta(g.out);
+  md_t src_md, wei_md, dst_md, bias_md;
+  std::vector<int64_t> out_sizes = om.sizes;
+  if (batched) {
+    src_md = plain_md(xm.sizes, xm.strides);
+    wei_md = plain_md(g.w_sizes, g.w_strides);
+    dst_md = plain_md(out_sizes, contiguous_strides(out_sizes));
+  } else {
+    src_md = md_2d(xm);
+    const int64_t K = g.w_sizes[0], N = g.w_sizes[1];
+    const int64_t M = compat::dims_of(src_md)[0];
+    wei_md = g.weight_attr ? md_t({K, N}, dt::f32, tag::any) : plain_md(g.w_sizes, g.w_strides);
+    dst_md = md_t({M, N}, dt::f32, tag::ab);
+    if (g.bias) bias_md = md_t({1, N}, dt::f32, tag::ab);
+  }
+  // Trim post-ops until oneDNN accepts the chain (never below the anchor itself).
+  for (size_t kept = g.kept + 1; kept-- > 0;) {
+    std::vector<md_t> add_mds;
+    for (size_t i = 0; i < kept; ++i)
+      if (g.post[i].is_add) {
+        const TensorMeta& rm = meta(g.post[i].other);
+        add_mds.push_back(batched ? plain_md(rm.sizes, rm.strides) : md_2d(rm));
+      }
+    dnnl::primitive_attr attr = user_scratchpad_attr();
+    attr.set_post_ops(make_post_ops(g, kept, add_mds, false));
+    std::optional<dnnl::matmul::primitive_desc> pd;
+    try {
+      pd.emplace(compat::matmul_pd(cpu_engine(), src_md, wei_md, g.bias ? bias_md : md_t(), dst_md, attr));
+    } catch (const dnnl::error&) {
+      continue;
+    }
+    if (is_ref_impl(pd->impl_info_str())) continue;
+    g.kept = kept;
+    auto s = std::make_unique<MatmulStep>();
+    std::vector<uint32_t> reads;
+    s->prim = dnnl::matmul(*pd);
+    s->src = plain_in(g.src);
+    reads.push_back(s->src.slot);
+    s->m_src = add_mem(src_md);
+    s->m_wei = add_mem(pd->weights_desc());
+    if (g.weight_attr) {
+      const at::Tensor* attr_t = g.weight_attr;
+      bool transposed = g.weight_transposed;
+      md_t packed_md = pd->weights_desc();
+      std::vector<int64_t> lsz = g.w_sizes;
+      s->packed = std::make_shared<PackedHolder>(std::vector<const at::Tensor*>{attr_t}, [=]() {
+        auto p = std::make_shared<Packed>();
+        record_sources(*p, {attr_t});
+        at::NoGradGuard no_grad;
+        at::Tensor w = transposed ? attr_t->t() : *attr_t;
+        w = w.contiguous();  // a plain (K, N) source
+        p->nonfinite = any_above(w, kNonFiniteAbove);
+        md_t user = plain_md(lsz, contiguous_strides(lsz));
+        p->weight = at::empty({static_cast<int64_t>(packed_md.get_size()) + 64}, at::kByte);
+        reorder_now(user, w.data_ptr(), packed_md, p->weight.data_ptr());
+        return std::shared_ptr<const Packed>(std::move(p));
+      });
+    } else {
+      s->wei = plain_in(g.weight);
+      reads.push_back(s->wei.slot);
+    }
+    if (g.bias) {
+      s->has_bias = true;
+      s->bias.slot = plain(*g.bias);
+      s->bias.sizes = meta(*g.bias).sizes;
+      s->bias.strides = {1};
+      s->m_bias = add_mem(bias_md);
+      reads.push_back(s->bias.slot);
+    }
+    size_t ai = 0;
+    for (size_t i = 0; i < kept; ++i)
+      if (g.post[i].is_add) {
+        s->bins.push_back(plain_in(g.post[i].other));
+        reads.push_back(s->bins.back().slot);
+        s->bin_post_index.push_back(static_cast<int>(i));  // one post-op per chain entry
+        s->m_bins.push_back(add_mem(add_mds[ai++]));
+      }
+    s->m_dst = add_mem(dst_md);
+    add_scratchpad(pd->scratchpad_desc(), s->has_scratch, s->m_scratch);
+    // The result of the kept part of the chain.
+    Value out = kept_output(g, kept);
+    g.out = out;
+    if (fuses_nan_losing_activation(g, kept)) s->fallback = make_fallback(g, kept, out, kNonFiniteAbove, reads);
+    s->out_sizes = meta(out).sizes;
+    s->out = new_slot();
+    locs_[out] = slot_loc(s->out);
+    push(std::move(s), std::move(reads));
+    return true;
+  }
+  return false;
+}
+
+}  // namespace torchcompile::backends::onednn::detail
