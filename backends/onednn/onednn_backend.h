@@ -79,9 +79,8 @@ struct Compiled {
   size_t winograd_convs = 0;
   /// Operators of the graph run by ATen (the interpreter's op steps) between the primitives.
   size_t aten_ops = 0;
-  /// True when oneDNN declines the graph (`fn` is empty; the pipeline runs the next backend of a
-  /// chain or the interpreter); `reason` says why.
-  bool declined = false;
+  /// When oneDNN declines the graph, `fn` is empty (the pipeline runs the next backend of a chain
+  /// or the interpreter) and this is the reason compile() gave torchcompile::decline().
   std::string reason;
 };
 
@@ -95,7 +94,7 @@ std::unordered_set<const ir::Node*> claim(const GraphModule& gm, const std::vect
 bool winograd_available();
 
 /// Compile `gm` for oneDNN. The GraphModule must outlive the CompiledFn (attributes are read
-/// live from it).
+/// live from it). A decline calls torchcompile::decline(reason) and returns an empty `fn`.
 Compiled compile(GraphModule& gm, const std::vector<at::Tensor>& example_inputs);
 
 }  // namespace onednn

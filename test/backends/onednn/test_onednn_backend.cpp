@@ -27,7 +27,7 @@ struct Recorder {
     std::vector<std::string> fused;
     size_t blocked_values = 0;
     size_t winograd_convs = 0;
-    bool declined = false;
+    bool declined = false;  // an empty function (compile() called torchcompile::decline)
     std::string reason;
   };
   std::shared_ptr<std::vector<Entry>> entries = std::make_shared<std::vector<Entry>>();
@@ -39,7 +39,7 @@ struct Recorder {
     return [e, m](torchcompile::GraphModule& gm, const std::vector<at::Tensor>& inputs) {
       od::Compiled c = od::compile(gm, inputs);
       std::lock_guard<std::mutex> lock(*m);
-      e->push_back({c.fused, c.blocked_values, c.winograd_convs, c.declined, c.reason});
+      e->push_back({c.fused, c.blocked_values, c.winograd_convs, !c.fn, c.reason});
       return c.fn;
     };
   }
@@ -641,6 +641,23 @@ TEST(OneDnnDeclines, FallbackChainReachesTheNextBackendOnlyForDeclinedGraphs) {
   ASSERT_EQ(e2.compiled.size(), 1u);
   EXPECT_EQ(e2.compiled[0].backend, "onednn");
   EXPECT_THAT(e2.compiled[0].partition, ::testing::Contains("onednn: linear+bias+relu"));
+}
+
+TEST(OneDnnDeclines, CompileGivesTheReasonToDecline) {
+  torch::NoGradGuard no_grad;
+  // compile() itself declines through torchcompile::decline: a backend calling it directly (the
+  // Recorder) passes the reason on to the pipeline by returning its empty function.
+  Recorder r;
+  auto pointwise = [](torch::Tensor x) { return (x * 2).sin() + 1; };
+  auto e = torchcompile::explain(r.backend(), pointwise, torch::randn({8, 8}));
+  ASSERT_EQ(r.entries->size(), 1u);
+  EXPECT_TRUE(r.entries->at(0).declined);
+  EXPECT_EQ(r.entries->at(0).reason, "nothing to fuse");
+  ASSERT_EQ(e.compiled.size(), 1u);
+  EXPECT_EQ(e.compiled[0].backend, "interpreter");
+  ASSERT_EQ(e.compiled[0].attempts.size(), 1u);
+  EXPECT_EQ(e.compiled[0].attempts[0].outcome, torchcompile::BackendAttempt::Outcome::Declined);
+  EXPECT_EQ(e.compiled[0].attempts[0].reason, "nothing to fuse");
 }
 
 TEST(OneDnnDeclines, ExplainDefaultListsThePartitionOfEachGraph) {
