@@ -40,13 +40,17 @@ Compiled compile(GraphModule& gm, const std::vector<at::Tensor>& example_inputs)
     return compile_error(e);
   }
   if (c->num_groups() == 0) return declined("nothing to fuse");
+  // As for the fused backend's kernels, an unknown or unsupported TORCHCOMPILE_ISA is an error
+  // (thrown to the pipeline), not a decline.
+  const ScanKernels& scan = selected_scan();
   Compiled result;
   try {
-    std::shared_ptr<Program> prog = c->build();
+    std::shared_ptr<Program> prog = c->build(scan);
     if (c->fused().empty()) return declined("oneDNN accepted no fused primitive");
     result.fused = c->fused();
     result.blocked_values = c->blocked_values();
     result.winograd_convs = c->winograd_convs();
+    result.scan_isa = scan.name;
     for (const auto& step : prog->steps) result.aten_ops += dynamic_cast<const AtenStep*>(step.get()) != nullptr;
     result.fn = [prog](std::vector<at::Tensor> inputs) { return prog->run(std::move(inputs)); };
   } catch (const std::exception& e) {
@@ -80,6 +84,12 @@ bool winograd_available() {
     }
   }();
   return available;
+}
+
+const char* scan_isa() { return selected_scan().name; }
+
+bool scan_finds(const float* p, size_t n, bool or_infinity) {
+  return selected_scan().magnitude_above(p, n, or_infinity ? kNonFiniteAbove : kNanAbove);
 }
 
 }  // namespace onednn
