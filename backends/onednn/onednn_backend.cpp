@@ -10,32 +10,51 @@ namespace onednn {
 
 using namespace detail;
 
-Compiled compile(GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
+namespace {
+
+// Every decline of compile(): torchcompile::decline records the reason for the pipeline
+// (explain(), the logs) and gives the empty function; `reason` keeps it for compile()'s callers.
+Compiled declined(std::string reason) {
   Compiled result;
-  auto decline_graph = [&](std::string reason) {
-    result.fn = nullptr;
-    result.declined = true;
-    result.reason = std::move(reason);
-    result.fused.clear();
-    return result;
-  };
-  if (needs_autograd(gm, example_inputs)) return decline_graph(kNeedsAutogradReason);
+  result.reason = reason;
+  result.fn = decline(std::move(reason));
+  return result;
+}
+
+Compiled compile_error(const std::exception& e) {
+  TORCH_WARN("onednn backend: cannot compile the graph (", e.what(), "); declining it");
+  return declined(std::string("compile error: ") + e.what());
+}
+
+}  // namespace
+
+Compiled compile(GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
+  if (needs_autograd(gm, example_inputs)) return declined(kNeedsAutogradReason);
   for (const auto& n : gm.graph().nodes())
-    if (n->kind() == NodeKind::CallModule) return decline_graph("the graph has call_module nodes");
+    if (n->kind() == NodeKind::CallModule) return declined("the graph has call_module nodes");
+  std::unique_ptr<Compiler> c;
   try {
-    Compiler c(gm);
-    c.match();
-    if (c.num_groups() == 0) return decline_graph("nothing to fuse");
-    std::shared_ptr<Program> prog = c.build();
-    if (c.fused().empty()) return decline_graph("oneDNN accepted no fused primitive");
-    result.fused = c.fused();
-    result.blocked_values = c.blocked_values();
-    result.winograd_convs = c.winograd_convs();
+    c = std::make_unique<Compiler>(gm);
+    c->match();
+  } catch (const std::exception& e) {
+    return compile_error(e);
+  }
+  if (c->num_groups() == 0) return declined("nothing to fuse");
+  // As for the fused backend's kernels, an unknown or unsupported TORCHCOMPILE_ISA is an error
+  // (thrown to the pipeline), not a decline.
+  const ScanKernels& scan = selected_scan();
+  Compiled result;
+  try {
+    std::shared_ptr<Program> prog = c->build(scan);
+    if (c->fused().empty()) return declined("oneDNN accepted no fused primitive");
+    result.fused = c->fused();
+    result.blocked_values = c->blocked_values();
+    result.winograd_convs = c->winograd_convs();
+    result.scan_isa = scan.name;
     for (const auto& step : prog->steps) result.aten_ops += dynamic_cast<const AtenStep*>(step.get()) != nullptr;
     result.fn = [prog](std::vector<at::Tensor> inputs) { return prog->run(std::move(inputs)); };
   } catch (const std::exception& e) {
-    TORCH_WARN("onednn backend: cannot compile the graph (", e.what(), "); declining it");
-    return decline_graph(std::string("compile error: ") + e.what());
+    return compile_error(e);
   }
   return result;
 }
@@ -67,11 +86,17 @@ bool winograd_available() {
   return available;
 }
 
+const char* scan_isa() { return selected_scan().name; }
+
+bool scan_finds(const float* p, size_t n, bool or_infinity) {
+  return selected_scan().magnitude_above(p, n, or_infinity ? kNonFiniteAbove : kNanAbove);
+}
+
 }  // namespace onednn
 
 CompiledFn onednn_backend(GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
   onednn::Compiled c = onednn::compile(gm, example_inputs);
-  if (c.declined) return decline(c.reason);
+  if (!c.fn) return nullptr;  // declined (compile() gave the reason to torchcompile::decline)
   for (const auto& f : c.fused) report_partition("onednn: " + f);
   if (c.winograd_convs) report_partition("onednn: " + std::to_string(c.winograd_convs) + " conv(s) with the Winograd algorithm");
   if (c.blocked_values) report_partition("onednn: " + std::to_string(c.blocked_values) + " value(s) kept in blocked layout");

@@ -36,9 +36,9 @@
 // of per-call sets (created on first need, then reused), and each thread has its own stream.
 //
 // NaN and infinity as eager: oneDNN's relu / clip post-ops and its max pooling lose a NaN, so a
-// step fusing one scans its inputs on each call (a vectorized scan) and, when one holds a NaN
-// (or, for GEMMs and convolutions, an infinity), runs the group's nodes with ATen on that call
-// instead.
+// step fusing one scans its inputs on each call (a vectorized scan compiled per ISA, see
+// scan_isa()) and, when one holds a NaN (or, for GEMMs and convolutions, an infinity), runs the
+// group's nodes with ATen on that call instead.
 //
 // Declines (torchcompile::decline, with the reason): with grad mode enabled and any input or
 // parameter requiring grad (ATen autograd keeps gradients correct); a graph with nothing to
@@ -79,9 +79,10 @@ struct Compiled {
   size_t winograd_convs = 0;
   /// Operators of the graph run by ATen (the interpreter's op steps) between the primitives.
   size_t aten_ops = 0;
-  /// True when oneDNN declines the graph (`fn` is empty; the pipeline runs the next backend of a
-  /// chain or the interpreter); `reason` says why.
-  bool declined = false;
+  /// The NaN / infinity scan the graph's steps run (scan_isa() when it was compiled).
+  std::string scan_isa;
+  /// When oneDNN declines the graph, `fn` is empty (the pipeline runs the next backend of a chain
+  /// or the interpreter) and this is the reason compile() gave torchcompile::decline().
   std::string reason;
 };
 
@@ -95,8 +96,19 @@ std::unordered_set<const ir::Node*> claim(const GraphModule& gm, const std::vect
 bool winograd_available();
 
 /// Compile `gm` for oneDNN. The GraphModule must outlive the CompiledFn (attributes are read
-/// live from it).
+/// live from it). A decline calls torchcompile::decline(reason) and returns an empty `fn`.
 Compiled compile(GraphModule& gm, const std::vector<at::Tensor>& example_inputs);
+
+/// The NaN / infinity scan compile() gives a graph's steps now: "avx512", "avx2" or "scalar
+/// (sse2)". It is compiled once per ISA (like the fused backend's kernels) and chosen like them:
+/// the best this CPU runs, unless TORCHCOMPILE_ISA (`avx512`, `avx2`, `scalar` or `sse2`) asks
+/// for another; an unknown name, or an ISA the CPU lacks, is an error (c10::Error, which fails
+/// the compile as it fails fused's). Read at each compile; a compiled graph keeps its scan.
+const char* scan_isa();
+
+/// Runs the scan scan_isa() names over the `n` floats at `p`: whether one is a NaN, or (with
+/// `or_infinity`) a NaN or an infinity. What the fallback checks and weight packing run; for tests.
+bool scan_finds(const float* p, size_t n, bool or_infinity);
 
 }  // namespace onednn
 

@@ -158,6 +158,7 @@ void Compiler::emit_aten(Node* n) {
 std::shared_ptr<AtenFallback> Compiler::make_fallback(const Group& g, size_t kept, const Value& out, int32_t limit,
                                                       std::vector<uint32_t>& reads) {
   auto f = std::make_shared<AtenFallback>();
+  f->scan = scan_;
   f->limit = limit;
   std::vector<Node*> nodes(g.head.begin(), g.head.end());
   for (const auto& ch : g.chain) {
@@ -221,7 +222,8 @@ bool Compiler::emit_group(Group& g) {
   return false;
 }
 
-std::shared_ptr<Program> Compiler::build() {
+std::shared_ptr<Program> Compiler::build(const ScanKernels& scan) {
+  scan_ = &scan;
   prog_ = std::make_shared<Program>();
   prog_->buffer_sizes.push_back(0);  // scratchpad
   for (Node* n : order_) {

@@ -75,7 +75,7 @@ bool feeds_winograd(const Group& g, const std::unordered_map<const Node*, Group*
 
 // The prepacked weights (BatchNorm folded in) and bias of a convolution group, in `packed_md`;
 // re-packed when one of the module's tensors changes.
-std::shared_ptr<PackedHolder> pack_conv(const Group& g, const md_t& packed_md) {
+std::shared_ptr<PackedHolder> pack_conv(const Group& g, const md_t& packed_md, const ScanKernels* scan) {
   const FoldedBatchNorm fbn = g.bn.value_or(FoldedBatchNorm{});
   std::vector<const at::Tensor*> sources{g.weight_attr};
   for (const at::Tensor* t : {g.conv_bias_attr, fbn.weight, fbn.bias, fbn.running_mean, fbn.running_var})
@@ -102,7 +102,7 @@ std::shared_ptr<PackedHolder> pack_conv(const Group& g, const md_t& packed_md) {
     }
     W = W.contiguous();
     p->bias = B.contiguous();
-    p->nonfinite = any_above(W, kNonFiniteAbove) || any_above(p->bias, kNonFiniteAbove);
+    p->nonfinite = any_above(*scan, W, kNonFiniteAbove) || any_above(*scan, p->bias, kNonFiniteAbove);
     dims wd = G == 1 ? dims{W.size(0), W.size(1), W.size(2), W.size(3)}
                      : dims{G, W.size(0) / G, W.size(1), W.size(2), W.size(3)};
     md_t user(wd, dt::f32, G == 1 ? tag::oihw : tag::goihw);
@@ -367,7 +367,7 @@ bool Compiler::emit_conv(Group& g) {
       s->src.reorder = make_reorder(src_have, pd->src_desc());
       s->src.reorder_buffer = add_buffer(pd->src_desc().get_size());
     }
-    s->packed = pack_conv(g, pd->weights_desc());
+    s->packed = pack_conv(g, pd->weights_desc(), scan_);
     s->m_src = add_mem(pd->src_desc());
     s->m_wei = add_mem(pd->weights_desc());
     s->m_bias = add_mem(bias_md);

@@ -234,13 +234,14 @@ bool Compiler::emit_linear(Group& g, bool batched) {
       bool transposed = g.weight_transposed;
       md_t packed_md = pd->weights_desc();
       std::vector<int64_t> lsz = g.w_sizes;
+      const ScanKernels* scan = scan_;
       s->packed = std::make_shared<PackedHolder>(std::vector<const at::Tensor*>{attr_t}, [=]() {
         auto p = std::make_shared<Packed>();
         record_sources(*p, {attr_t});
         at::NoGradGuard no_grad;
         at::Tensor w = transposed ? attr_t->t() : *attr_t;
         w = w.contiguous();  // a plain (K, N) source
-        p->nonfinite = any_above(w, kNonFiniteAbove);
+        p->nonfinite = any_above(*scan, w, kNonFiniteAbove);
         md_t user = plain_md(lsz, contiguous_strides(lsz));
         p->weight = at::empty({static_cast<int64_t>(packed_md.get_size()) + 64}, at::kByte);
         reorder_now(user, w.data_ptr(), packed_md, p->weight.data_ptr());

@@ -12,8 +12,8 @@
 //   onednn_rnn.cpp      LSTM / GRU groups: match, emit, and their step.
 //   onednn_build.cpp    Compiler::build: slots and blocked values, reorders, the ATen steps of
 //                       unmatched nodes, post-op lists, the fallback of a group (make_fallback).
-//   onednn_steps.cpp    what the steps do at run time (MatmulStep, ConvStep, PoolStep, ...),
-//                       and the NaN / infinity scans.
+//   onednn_steps.cpp    what the steps do at run time (MatmulStep, ConvStep, PoolStep, ...).
+//   onednn_scan*.{h,cpp} the NaN / infinity scan, compiled once per ISA.
 //   onednn_runtime.*    the Program, per-call memory sets, prepacked weights.
 //   onednn_backend.cpp  the entry points: compile, claim, the registered backend.
 //
@@ -26,6 +26,7 @@
 #include "onednn_backend.h"
 #include "onednn_rnn.h"
 #include "onednn_runtime.h"
+#include "onednn_scan.h"
 
 #include <torchcompile/backends/registry.h>
 #include <torchcompile/ir/interpreter.h>
@@ -228,11 +229,6 @@ struct ToPlainStep : Step {
   void run(Ctx& c) const override;
 };
 
-/// Limits for the NaN / infinity scans, on a float's bits without its sign: above kNanAbove (the
-/// bits of infinity) is a NaN; above kNonFiniteAbove (FLT_MAX) a NaN or an infinity.
-constexpr int32_t kNanAbove = 0x7f800000;
-constexpr int32_t kNonFiniteAbove = 0x7f7fffff;
-
 /// The one way a step leaves its primitive for ATen: on a call whose inputs hold values the
 /// primitive would get wrong, the step scans them first and, if one is found, runs its group's
 /// nodes with the interpreter's op steps (ir::OpStep) instead, as eager does. Used by:
@@ -256,7 +252,8 @@ struct AtenFallback {
     std::optional<Reorder> reorder;
     uint32_t slot = 0;
   };
-  int32_t limit = kNonFiniteAbove;  // kNanAbove or kNonFiniteAbove
+  const ScanKernels* scan = nullptr;  // the program's (Compiler::scan_)
+  int32_t limit = kNonFiniteAbove;    // kNanAbove or kNonFiniteAbove (onednn_scan.h)
   std::vector<Scan> scans;
   std::vector<Unblock> unblock;
   std::vector<ir::OpStep> steps;  // the group's nodes, in graph order
@@ -270,9 +267,9 @@ struct AtenFallback {
   at::Tensor run(Ctx& c) const;
 };
 
-/// Whether the tensor holds a value whose magnitude's bits exceed `limit`: scanned in memory
-/// when it is dense enough (see onednn_steps.cpp), else with ATen.
-bool any_above(const at::Tensor& t, int32_t limit);
+/// Whether the tensor holds a value whose magnitude's bits exceed `limit` (onednn_scan.h), with
+/// `scan` over its memory when it is dense enough (see onednn_steps.cpp), else with ATen.
+bool any_above(const ScanKernels& scan, const at::Tensor& t, int32_t limit);
 
 struct MatmulStep : Step {
   dnnl::matmul prim;
@@ -379,7 +376,8 @@ class Compiler {
   explicit Compiler(GraphModule& gm);
 
   void match();
-  std::shared_ptr<Program> build();
+  /// The program, with `scan` for its NaN / infinity checks.
+  std::shared_ptr<Program> build(const ScanKernels& scan);
   const std::vector<std::string>& fused() const { return fused_; }
   size_t num_groups() const { return groups_.size(); }
   /// The call_function nodes of the matched groups: members and helpers (weight transposes).
@@ -485,6 +483,7 @@ class Compiler {
   }
   std::unordered_map<Value, Loc, ir::ValueHash> locs_;
   std::shared_ptr<Program> prog_;
+  const ScanKernels* scan_ = nullptr;
   std::vector<std::vector<uint32_t>> reads_;
 };
 

@@ -38,47 +38,16 @@ void ToPlainStep::run(Ctx& c) const {
 
 // ---- AtenFallback -------------------------------------------------------------------------------
 
-namespace {
-
-// Whether one of `n` floats at `p` has a magnitude whose bits exceed `limit`. One pass of integer
-// compares, vectorized for AVX-512, AVX2 or SSE2, chosen at the first call (~0.1 ms for 2 M floats
-// here). Not GCC's target_clones: its ifunc resolver runs before ThreadSanitizer's runtime is up
-// and crashes the process.
-inline __attribute__((always_inline)) bool magnitude_above(const void* p, size_t n, int32_t limit) {
-  typedef int32_t __attribute__((may_alias)) word;  // float data read as integers
-  const word* bits = static_cast<const word*>(p);
-  int32_t found = 0;
-  for (size_t i = 0; i < n; ++i) found |= (bits[i] & 0x7fffffff) > limit;
-  return found != 0;
-}
-__attribute__((target("avx512f"), optimize("O3"))) bool magnitude_above_avx512(const void* p, size_t n, int32_t l) {
-  return magnitude_above(p, n, l);
-}
-__attribute__((target("avx2"), optimize("O3"))) bool magnitude_above_avx2(const void* p, size_t n, int32_t l) {
-  return magnitude_above(p, n, l);
-}
-__attribute__((optimize("O3"))) bool magnitude_above_sse2(const void* p, size_t n, int32_t l) {
-  return magnitude_above(p, n, l);
-}
-bool any_magnitude_above(const void* p, size_t n, int32_t limit) {
-  static const auto fn = __builtin_cpu_supports("avx512f") ? magnitude_above_avx512
-                         : __builtin_cpu_supports("avx2")  ? magnitude_above_avx2
-                                                           : magnitude_above_sse2;
-  return fn(p, n, limit);
-}
-
-}  // namespace
-
 // Scans the floats between the tensor's first and last element: exactly its elements when its
 // layout is dense (contiguous, or a transposed / permuted weight as training graphs pass them);
 // for a view with gaps of at most 3x its size, those gaps too, which can only send a call to the
 // ATen path, never keep it from it. Other tensors go through ATen (several kernels).
-bool any_above(const at::Tensor& t, int32_t limit) {
+bool any_above(const ScanKernels& scan, const at::Tensor& t, int32_t limit) {
   if (!t.defined() || t.numel() == 0) return false;
   if (t.scalar_type() == at::kFloat) {
     int64_t span = 1;
     for (int64_t d = 0; d < t.dim(); ++d) span += (t.size(d) - 1) * t.stride(d);  // ATen strides are >= 0
-    if (span <= 4 * t.numel()) return any_magnitude_above(t.data_ptr(), static_cast<size_t>(span), limit);
+    if (span <= 4 * t.numel()) return scan.magnitude_above(t.data_ptr(), static_cast<size_t>(span), limit);
   }
   if (limit == kNanAbove) return at::isnan(t).any().item<bool>();
   return !at::isfinite(t).all().item<bool>();
@@ -87,8 +56,8 @@ bool any_above(const at::Tensor& t, int32_t limit) {
 bool AtenFallback::triggered(const Ctx& c, const Packed* packed) const {
   if (packed && packed->nonfinite) return true;
   for (const Scan& s : scans) {
-    if (s.blocked ? any_magnitude_above(c.ms->buffer_ptrs[s.index], s.floats, limit)
-                  : any_above(c.slots[s.index], limit))
+    if (s.blocked ? scan->magnitude_above(c.ms->buffer_ptrs[s.index], s.floats, limit)
+                  : any_above(*scan, c.slots[s.index], limit))
       return true;
   }
   return false;

@@ -8,6 +8,7 @@
 #include <torchcompile/support/logging.h>
 
 #include <atomic>
+#include <cmath>
 #include <functional>
 #include <limits>
 #include <random>
@@ -27,8 +28,9 @@ struct Recorder {
     std::vector<std::string> fused;
     size_t blocked_values = 0;
     size_t winograd_convs = 0;
-    bool declined = false;
+    bool declined = false;  // an empty function (compile() called torchcompile::decline)
     std::string reason;
+    std::string scan_isa;
   };
   std::shared_ptr<std::vector<Entry>> entries = std::make_shared<std::vector<Entry>>();
   std::shared_ptr<std::mutex> mutex = std::make_shared<std::mutex>();
@@ -39,7 +41,7 @@ struct Recorder {
     return [e, m](torchcompile::GraphModule& gm, const std::vector<at::Tensor>& inputs) {
       od::Compiled c = od::compile(gm, inputs);
       std::lock_guard<std::mutex> lock(*m);
-      e->push_back({c.fused, c.blocked_values, c.winograd_convs, c.declined, c.reason});
+      e->push_back({c.fused, c.blocked_values, c.winograd_convs, !c.fn, c.reason, c.scan_isa});
       return c.fn;
     };
   }
@@ -613,6 +615,25 @@ TEST(OneDnnBackend, ThreadsRepackWhileOthersRun) {
 
 }  // namespace
 
+// ---- declines (fallback chains and `default`: test/compile/) -----------------------------------
+
+TEST(OneDnnDeclines, CompileGivesTheReasonToDecline) {
+  torch::NoGradGuard no_grad;
+  // compile() itself declines through torchcompile::decline: a backend calling it directly (the
+  // Recorder) passes the reason on to the pipeline by returning its empty function.
+  Recorder r;
+  auto pointwise = [](torch::Tensor x) { return (x * 2).sin() + 1; };
+  auto e = torchcompile::explain(r.backend(), pointwise, torch::randn({8, 8}));
+  ASSERT_EQ(r.entries->size(), 1u);
+  EXPECT_TRUE(r.entries->at(0).declined);
+  EXPECT_EQ(r.entries->at(0).reason, "nothing to fuse");
+  ASSERT_EQ(e.compiled.size(), 1u);
+  EXPECT_EQ(e.compiled[0].backend, "interpreter");
+  ASSERT_EQ(e.compiled[0].attempts.size(), 1u);
+  EXPECT_EQ(e.compiled[0].attempts[0].outcome, torchcompile::BackendAttempt::Outcome::Declined);
+  EXPECT_EQ(e.compiled[0].attempts[0].reason, "nothing to fuse");
+}
+
 // ---- max pooling and transposed convolutions (the layers of MNIST CNNs and DCGAN generators) ----
 
 TEST(OneDnnBackend, MaxPoolingAfterConvolutionsMatchesEager) {
@@ -926,6 +947,114 @@ TEST(OneDnnBackend, NonFiniteValuesThroughFusedActivationsMatchEager) {
     }
     EXPECT_EQ(r.fused(), (std::vector<std::string>{"linear+relu"}));
   }
+}
+
+// ---- the NaN / infinity scan, compiled per ISA and chosen with TORCHCOMPILE_ISA ------------------
+
+// The scans this CPU runs: TORCHCOMPILE_ISA's name, and the scan's (od::scan_isa()).
+std::vector<std::pair<std::string, std::string>> scans_of_this_cpu() {
+  std::vector<std::pair<std::string, std::string>> out{{"scalar", "scalar (sse2)"}};
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) out.push_back({"avx2", "avx2"});
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma"))
+    out.push_back({"avx512", "avx512"});
+  return out;
+}
+
+// Random floats (lengths 0 to 300 and a few thousand, so every vector tail; starting at
+// unaligned offsets) with NaNs of both signs, infinities, the largest finite magnitudes and
+// subnormals at random positions (the last one included): each scan finds a NaN, or a NaN or an
+// infinity, exactly where a scalar loop does. Under TORCHCOMPILE_ISA=scalar / avx2 / avx512 the
+// selected scan, and the one a compiled graph's steps run, is that ISA's, and NaN and infinities
+// still reach the results as in eager.
+TEST(OneDnnBackend, ScanIsChosenByTorchcompileIsaAndEveryScanAgrees) {
+  torch::NoGradGuard no_grad;
+  const auto scans = scans_of_this_cpu();
+  std::mt19937 rng(43);
+  auto pick = [&](size_t lo, size_t hi) { return std::uniform_int_distribution<size_t>(lo, hi)(rng); };
+  const float specials[] = {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+                            std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::max(), -std::numeric_limits<float>::max(), 1e38f,
+                            std::numeric_limits<float>::denorm_min(), -0.f};
+  struct Case {
+    std::vector<float> data;
+    size_t offset, n;
+    bool nan, nonfinite;
+  };
+  std::vector<Case> cases;
+  std::normal_distribution<float> normal(0.f, 1e3f);
+  for (size_t trial = 0; trial < 420; ++trial) {
+    Case c;
+    c.n = trial < 300 ? trial : pick(300, 5000);
+    c.offset = pick(0, 3);
+    c.data.resize(c.offset + c.n);
+    for (float& v : c.data) v = normal(rng);
+    const size_t k = c.n ? pick(0, 3) : 0;
+    for (size_t i = 0; i < k; ++i)
+      c.data[c.offset + (i == 0 && trial % 3 == 0 ? c.n - 1 : pick(0, c.n - 1))] = specials[pick(0, 8)];
+    if (c.offset) c.data[0] = std::numeric_limits<float>::quiet_NaN();  // before the scanned range
+    c.nan = c.nonfinite = false;
+    for (size_t i = c.offset; i < c.data.size(); ++i) {
+      c.nan |= std::isnan(c.data[i]);
+      c.nonfinite |= !std::isfinite(c.data[i]);
+    }
+    cases.push_back(std::move(c));
+  }
+  int with_nan = 0, with_infinity_only = 0;
+  for (const Case& c : cases) {
+    with_nan += c.nan;
+    with_infinity_only += c.nonfinite && !c.nan;
+  }
+  EXPECT_GT(with_nan, 50);
+  EXPECT_GT(with_infinity_only, 30);
+
+  for (const auto& [isa, name] : scans) {
+    SCOPED_TRACE("TORCHCOMPILE_ISA=" + isa);
+    tc_test::ScopedEnv env("TORCHCOMPILE_ISA", isa);
+    EXPECT_EQ(std::string(od::scan_isa()), name);
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const Case& c = cases[i];
+      const float* p = c.data.data() + c.offset;
+      EXPECT_EQ(od::scan_finds(p, c.n, false), c.nan) << "case " << i << ", " << c.n << " floats";
+      EXPECT_EQ(od::scan_finds(p, c.n, true), c.nonfinite) << "case " << i << ", " << c.n << " floats";
+    }
+    // The steps of a graph compiled now run this scan: linear + relu (NaN and infinity), max
+    // pooling (NaN).
+    auto m = std::make_shared<FnModule>();
+    auto lin = m->register_module("lin", torch::nn::Linear(37, 21));
+    m->fn = [lin](FnModule&, torch::Tensor x) {
+      return torch::max_pool2d(torch::relu(lin->forward(x)).view({2, 3, 21, 1}), {2, 1});
+    };
+    Recorder r;
+    int call = 0;
+    expect_matches_eager(m, [&] {
+      torch::Tensor x = torch::randn({6, 37});
+      if (call % 3 == 1) x.index_put_({1, 36}, std::numeric_limits<float>::quiet_NaN());
+      if (call % 3 == 2) x.index_put_({4, 5}, -std::numeric_limits<float>::infinity());
+      ++call;
+      return x;
+    }, r, 6);
+    EXPECT_EQ(r.fused(), (std::vector<std::string>{"linear+bias+relu", "maxpool"}));
+    ASSERT_EQ(r.entries->size(), 1u);
+    EXPECT_EQ(r.entries->at(0).scan_isa, name);
+  }
+}
+
+// As for the fused backend: an unknown TORCHCOMPILE_ISA fails the compile with its message (the
+// call runs eagerly, with a warning, as for any backend error).
+TEST(OneDnnBackend, UnknownIsaIsAnError) {
+  torch::NoGradGuard no_grad;
+  tc_test::ScopedEnv isa("TORCHCOMPILE_ISA", "avx9000");
+  const std::string message = "TORCHCOMPILE_ISA: expected one of avx512, avx2, scalar (or sse2), got 'avx9000'";
+  try {
+    od::scan_isa();
+    ADD_FAILURE() << "no error";
+  } catch (const c10::Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr(message));
+  }
+  torch::nn::Sequential net(torch::nn::Linear(8, 16), torch::nn::ReLU());
+  auto e = torchcompile::explain("onednn", net, torch::randn({4, 8}));
+  EXPECT_NE(e.str().find(message), std::string::npos) << e;
 }
 
 // ---- LSTM and GRU layers as oneDNN RNN primitives ------------------------------------------------
