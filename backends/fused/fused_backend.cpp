@@ -49,8 +49,7 @@ CompiledFn fused_backend(GraphModule& gm, const std::vector<at::Tensor>& example
 }
 
 void register_fused_backend() {
-  register_backend("fused", &fused_backend);
-  register_claim("fused", claim_of(&pointwise_or_row));
+  register_backend("fused", &fused_backend, claim_of(&pointwise_or_row));
   register_backend("aot_fused", aot_autograd(&fused_backend));
 }
 

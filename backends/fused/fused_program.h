@@ -5,6 +5,7 @@
 #include "tile_ops.h"
 
 #include <torchcompile/ir/graph_module.h>
+#include <torchcompile/support/isa.h>
 
 #include <memory>
 #include <string>
@@ -12,14 +13,10 @@
 
 namespace torchcompile::fused {
 
-/// The instruction sets the kernels are compiled for.
-enum class Isa { Avx512, Avx2, Sse2 };
-const char* to_string(Isa isa);
-
-/// The best ISA this CPU runs (cpuid), unless TORCHCOMPILE_ISA (`avx512`, `avx2`, `scalar` or
-/// `sse2`) asks for another; asking for one the CPU lacks, or an unknown name, is an error.
-/// Read at each call (programs keep the ISA they were built with).
-Isa selected_isa();
+/// The ISA the kernels run with, and its choice (cpuid, TORCHCOMPILE_ISA): support/isa.h.
+using support::Isa;
+using support::selected_isa;
+using support::to_string;
 
 /// The kernels compiled for `isa`.
 const IsaKernels& kernels_of(Isa isa);

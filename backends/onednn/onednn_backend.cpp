@@ -105,8 +105,7 @@ CompiledFn onednn_backend(GraphModule& gm, const std::vector<at::Tensor>& exampl
 }
 
 void register_onednn_backend() {
-  register_backend("onednn", &onednn_backend);
-  register_claim("onednn", &onednn::claim);
+  register_backend("onednn", &onednn_backend, Claim(&onednn::claim));
 }
 
 }  // namespace torchcompile::backends

@@ -148,7 +148,11 @@ void register_backends_atomically(std::vector<PendingBackend> backends, const st
 
 }  // namespace detail
 
-void register_backend(const std::string& name, Backend fn, std::vector<std::string> tags) {
+namespace {
+
+// Both register_backend overloads: checks, then inserts the entry (with its claim, which may be
+// empty) under one lock, so no thread ever sees a backend registered with a claim without it.
+void insert_backend(const std::string& name, Backend fn, Claim claim, std::vector<std::string> tags) {
   ensure_builtins();
   TORCH_CHECK(!name.empty(), "register_backend: the backend name must not be empty");
   TORCH_CHECK(fn, "register_backend: the backend function for '", name, "' is empty");
@@ -157,13 +161,18 @@ void register_backend(const std::string& name, Backend fn, std::vector<std::stri
   auto it = r.entries.find(name);
   TORCH_CHECK(it == r.entries.end(), "register_backend: backend '", name, "' is already registered (",
               it == r.entries.end() ? "" : it->second.origin, ")");
-  r.entries.emplace(name, Entry{std::move(fn), Claim(), std::move(tags), current_origin()});
+  r.entries.emplace(name, Entry{std::move(fn), std::move(claim), std::move(tags), current_origin()});
+}
+
+}  // namespace
+
+void register_backend(const std::string& name, Backend fn, std::vector<std::string> tags) {
+  insert_backend(name, std::move(fn), Claim(), std::move(tags));
 }
 
 void register_backend(const std::string& name, Backend fn, Claim claim, std::vector<std::string> tags) {
   TORCH_CHECK(claim, "register_backend: expected a claim function for backend '", name, "'");
-  register_backend(name, std::move(fn), std::move(tags));
-  register_claim(name, std::move(claim));
+  insert_backend(name, std::move(fn), std::move(claim), std::move(tags));
 }
 
 void register_claim(const std::string& name, Claim claim) {
