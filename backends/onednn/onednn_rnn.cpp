@@ -157,10 +157,19 @@ std::unique_ptr<Step> make_rnn_step(const RnnSpec& spec, PlainIn x, PlainIn h0, 
     L.src = md_t({T, N, in}, dt::f32, l == 0 ? first : tag::tnc);
     L.dst = md_t({T, N, D * H}, dt::f32, tag::tnc);
     L.src_iter = md_t({1, D, N, H}, dt::f32, tag::ldnc);
-    const md_t wl_any({1, D, in, G, H}, dt::f32, tag::any), wi_any({1, D, H, G, H}, dt::f32, tag::any);
+    // oneDNN 3's brgemm RNN kernels, which it picks where the weights' layout is left to it, give
+    // wrong results (checked against LibTorch in double precision, oneDNN 3.7): the GRU on AVX2 CPUs,
+    // the GRU and the LSTM on AVX-512 CPUs whenever the hidden size modulo 32 is 1 to 16. Plain
+    // weights select the reference implementation over oneDNN's GEMM (what oneDNN 2 runs GRUs with),
+    // which agrees with LibTorch.
+    const bool plain = DNNL_VERSION_MAJOR >= 3 && (spec.gru || (H % 32 >= 1 && H % 32 <= 16));
+    const md_t wl_any({1, D, in, G, H}, dt::f32, plain ? tag::ldigo : tag::any);
+    const md_t wi_any({1, D, H, G, H}, dt::f32, plain ? tag::ldigo : tag::any);
     L.bias = md_t({1, D, spec.gru ? G + 1 : G, H}, dt::f32, tag::ldgo);
     // The layouts the primitive chose (weights) or reports (final state, scratchpad).
-    auto take = [&L](const auto& pd) {
+    auto take = [&L, plain](const auto& pd) {
+      if (plain && std::string(pd.impl_info_str()).find("brgemm") != std::string::npos)
+        throw dnnl::error(dnnl_unimplemented, "only oneDNN's brgemm RNN kernel, wrong for this layer, takes it");
       L.wei_layer = pd.weights_layer_desc();
       L.wei_iter = pd.weights_iter_desc();
       L.dst_iter = pd.dst_iter_desc();
