@@ -164,10 +164,13 @@ TEST_P(Parity, MultiheadAttention) {
   EXPECT_GE(entry->num_breaks(), 1u);
 }
 
+// Hidden size 20: LibTorch 2.6's own fp32 LSTM (oneDNN 3.7) is wrong on AVX-512 CPUs for hidden
+// sizes 1-16 modulo 32 (docs/libtorch2.md), so eager is no reference there; the onednn backend's
+// tests cover those sizes against double precision.
 TEST_P(Parity, Lstm) {
   struct Net : torch::nn::Module {
     torch::nn::LSTM lstm{nullptr};
-    Net() { lstm = register_module("lstm", torch::nn::LSTM(torch::nn::LSTMOptions(6, 5).num_layers(2))); }
+    Net() { lstm = register_module("lstm", torch::nn::LSTM(torch::nn::LSTMOptions(6, 20).num_layers(2))); }
     std::tuple<torch::Tensor, std::tuple<torch::Tensor, torch::Tensor>> forward(torch::Tensor x) {
       return lstm->forward(x);
     }
