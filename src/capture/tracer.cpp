@@ -61,7 +61,20 @@ bool has_meta_tensor(const torch::jit::Stack& stack, size_t num_args) {
   return false;
 }
 
-bool is_key_value(const c10::IValue& v) { return v.isDouble() || v.isInt() || v.isBool() || v.isComplexDouble(); }
+bool is_key_value(const c10::IValue& v) {
+  return v.isDouble() || v.isInt() || v.isBool() || v.isComplexDouble() || v.isIntList();
+}
+
+// `torchcompile::result_sizes(Tensor self) -> int[]`: the host read that ends a segment after an
+// operator whose results' sizes depend on the data; its value keys the continuation. Reading
+// through it is not a host read of sizes by the forward (an observed tensor stays quiet).
+std::vector<int64_t> result_sizes(const at::Tensor& t) {
+  ObservedTensorImpl* o = ObservedTensorImpl::of(t);
+  if (o) o->set_observing(false);
+  std::vector<int64_t> sizes = t.sizes().vec();
+  if (o) o->set_observing(true);
+  return sizes;
+}
 
 }  // namespace
 
@@ -79,6 +92,8 @@ bool same_key(const std::vector<c10::IValue>& a, const std::vector<c10::IValue>&
       if (x.toBool() != y.toBool()) return false;
     } else if (x.isComplexDouble()) {
       if (x.toComplexDouble() != y.toComplexDouble()) return false;
+    } else if (x.isIntList() && y.isIntList()) {
+      if (x.toIntVector() != y.toIntVector()) return false;
     } else {
       return false;
     }
@@ -526,6 +541,22 @@ struct Tracer::Impl {
     return forced_slots;
   }
 
+  // After an operator whose results' sizes depend on the data (`nonzero`, `masked_select`,
+  // boolean indexing, ...): later ops, and host code reading those sizes, were recorded for one
+  // size, so the segment ends here with a host read of the first result's sizes; the
+  // continuation is keyed by them. (PyTorch's tracer breaks the graph on these "dynamic output
+  // shape" operators by default too.) The other results' sizes follow from the arguments' sizes
+  // and the first's: `unique`'s counts have the values' length, its inverse the input's shape.
+  void break_on_data_dependent_sizes(const c10::OperatorHandle& op, c10::DispatchKeySet ks, const at::Tensor& result) {
+    const std::string name = ir::op_target_name(op);
+    TORCH_CHECK(!fullgraph, "torch::compile(fullgraph=true): the sizes of ", name,
+                "'s result depend on the data, which ends the graph (a graph break)");
+    static const c10::OperatorHandle sizes_op =
+        c10::Dispatcher::singleton().findSchemaOrThrow("torchcompile::result_sizes", "");
+    torch::jit::Stack stack{c10::IValue(result)};
+    host_read(sizes_op, ks, &stack);
+  }
+
   // A data-dependent host read while recording: end the segment, run the read, branch on it.
   void host_read(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
     const auto& schema = op.schema();
@@ -714,6 +745,10 @@ void tracing_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   const size_t num_returns = schema.returns().size();
   if (muted) muted->observe_results(op, args, stack, num_returns, impl);
   impl.record(op, args, stack->data() + (stack->size() - num_returns));
+  if (Level == TraceLevel::AboveAutograd && !tracer->failed() && ir::results_depend_on_data(op, args)) {
+    const c10::IValue& first = (*stack)[stack->size() - num_returns];
+    if (first.isTensor() && first.toTensor().defined()) impl.break_on_data_dependent_sizes(op, ks, first.toTensor());
+  }
 }
 
 }  // namespace
@@ -872,3 +907,7 @@ std::unique_ptr<ir::GraphModule> Tracer::finish(const std::vector<at::Tensor>& o
 }
 
 }  // namespace torchcompile::capture
+
+TORCH_LIBRARY_FRAGMENT(torchcompile, m) {
+  m.def("result_sizes(Tensor self) -> int[]", &torchcompile::capture::result_sizes);
+}

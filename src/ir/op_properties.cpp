@@ -147,6 +147,12 @@ OpProperties compute(const c10::OperatorHandle& op) {
     p.uninitialized = kUninitialized.count(base) != 0;
     p.updates_running_stats = kRunningStats.count(base) != 0;
     p.identity_when_not_training = kEvalIdentity.count(base) != 0;
+    static const std::unordered_set<std::string> kDataDependent = {
+        "nonzero", "argwhere", "masked_select", "_unique", "_unique2", "unique_dim", "unique_consecutive",
+        "unique_dim_consecutive", "bincount", "nonzero_numpy"};
+    const std::string& overload = schema.overload_name();
+    p.data_dependent_sizes = kDataDependent.count(base) != 0 ||
+                             (base == "repeat_interleave" && (overload == "Tensor" || overload == "self_Tensor"));
   }
   return p;
 }
@@ -175,6 +181,36 @@ OpProperties op_properties(const c10::OperatorHandle& op) {
   std::unique_lock<std::shared_mutex> lock(mutex);
   cache.emplace(name, p);
   return p;
+}
+
+bool results_depend_on_data(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args) {
+  if (op_properties(op).data_dependent_sizes) return true;
+  const c10::FunctionSchema& schema = op.schema();
+  if (schema.name() != "aten::index") return false;
+  for (const c10::IValue& a : args) {
+    if (!a.isList() && !a.isTensorList()) continue;
+    for (const c10::IValue& e : a.toListRef()) {
+      if (!e.isTensor() || !e.toTensor().defined()) continue;
+      const at::ScalarType t = e.toTensor().scalar_type();
+      if (t == at::kBool || t == at::kByte) return true;
+    }
+  }
+  return false;
+}
+
+bool node_results_depend_on_data(const Node& n) {
+  if (n.kind() != NodeKind::CallFunction) return false;
+  if (op_properties(n.op()).data_dependent_sizes) return true;
+  if (n.schema().name() != "aten::index") return false;
+  for (const Argument& a : n.args()) {
+    if (a.kind() != Argument::Kind::ValueList) continue;
+    for (const auto& e : a.list()) {
+      if (!e) continue;
+      const TensorMeta& m = e->node->output_meta()[e->index];
+      if (m.defined && (m.dtype == at::kBool || m.dtype == at::kByte)) return true;
+    }
+  }
+  return false;
 }
 
 OpProperties node_properties(const Node& n) {

@@ -1,5 +1,7 @@
 #include <torchcompile/ir/structure.h>
 
+#include <torchcompile/ir/op_properties.h>
+
 #include <c10/util/StringUtil.h>
 
 #include <cstring>
@@ -96,12 +98,19 @@ void write_compound(Writer& w, const c10::IValue& v) {
   w.str(c10::str(v));
 }
 
-void write_meta(Writer& w, const TensorMeta& m) {
+// `with_sizes` false: the results of an operator whose results' sizes depend on the data
+// (node_results_depend_on_data) keep their rank but not their sizes, which the values read in
+// that call decided: traces that differ only there compute the same thing.
+void write_meta(Writer& w, const TensorMeta& m, bool with_sizes = true) {
   if (!m.defined) return w.tag('u');
   w.tag('m');
   w.i64(static_cast<int64_t>(m.dtype));
-  w.ints(m.sizes);
-  w.ints(m.strides);
+  if (with_sizes) {
+    w.ints(m.sizes);
+    w.ints(m.strides);
+  } else {
+    w.u64(m.sizes.size());
+  }
   w.str(m.device.str());
   w.tag(m.requires_grad ? 'g' : 'n');
 }
@@ -150,7 +159,8 @@ GraphKey::GraphKey(const Graph& g) {
       }
     }
     w.u64(n.output_meta().size());
-    for (const auto& m : n.output_meta()) write_meta(w, m);
+    const bool sized = !node_results_depend_on_data(n);
+    for (const auto& m : n.output_meta()) write_meta(w, m, sized);
     w.ints(std::vector<int64_t>(n.return_counts().begin(), n.return_counts().end()));
     index.emplace(&n, next++);
   }

@@ -52,6 +52,11 @@ struct OpProperties {
   bool updates_running_stats = false;
   /// Returns its input unchanged when not training (`dropout` with `train=False`).
   bool identity_when_not_training = false;
+  /// The sizes of its results depend on the values of its arguments, not only on their sizes
+  /// (PyTorch's "dynamic output shape" operators: `nonzero`, `masked_select`, `unique`,
+  /// `repeat_interleave` by a tensor, `bincount`). `index` is one only when an index is a
+  /// boolean mask: see results_depend_on_data.
+  bool data_dependent_sizes = false;
 
   bool pointwise() const { return kind == OpKind::Pointwise; }
   bool view() const { return kind == OpKind::View; }
@@ -64,11 +69,18 @@ OpProperties op_properties(const c10::OperatorHandle& op);
 inline bool op_is_random(const c10::OperatorHandle& op) { return op_properties(op).random; }
 /// True if the operator's schema writes to one of its arguments (`add_`, `out=` variants).
 inline bool op_is_mutating(const c10::OperatorHandle& op) { return op_properties(op).mutating; }
+/// Whether the sizes of this call's results depend on the values of its arguments `args` (the
+/// operator's, in schema order): op_properties(op).data_dependent_sizes, or `index` with a
+/// boolean (or uint8) mask among its indices.
+bool results_depend_on_data(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args);
 
 // ---- properties of a call_function node (its operator's, refined by its constant arguments) ----
 
 /// The properties of a node's operator; `OpKind::Other` and nothing else for other node kinds.
 OpProperties node_properties(const Node& n);
+/// results_depend_on_data for a call_function node (an `index` node's boolean masks are read from
+/// the recorded metadata of its index values); false for other node kinds.
+bool node_results_depend_on_data(const Node& n);
 /// True for a call_function node whose single result views an argument (`view`, `t`, `select`).
 bool is_view_node(const Node* n);
 /// The argument positions a call_function node writes: those its schema declares (`Tensor(a!)`)
