@@ -1,5 +1,6 @@
 // A differential fuzzer for graph breaks: random forwards (seeded, reproducible) mixing host
-// reads (`item`, `is_nonzero`, `equal`) at random points with factory tensors, in-place ops on
+// reads (`item`, `is_nonzero`, `equal`) and ops whose result sizes depend on the data
+// (`masked_select`, `nonzero`) at random points with factory tensors, in-place ops on
 // inputs, on factory tensors and through views, ops that return their argument, dropout and
 // BatchNorm in training and eval, loops with a break per iteration and several outputs. Each is
 // compiled with `eager`, `aot_eager` and `default` and called many times with changing branch
@@ -39,6 +40,8 @@ enum class Op {
   Dropout,      // r[d] = dropout(r[a]) (returns r[a] itself in eval mode)
   BatchNorm,    // r[d] = bn(r[a])
   Random,       // r[d] = r[a] + rand_like / bernoulli
+  DataSizes,    // results sized by the data: a masked_select count read on the host, a masked
+                // sum, rows chosen by nonzero
   ReadBranch,   // v = read(n[i]) ; if (v) r[d] = ... else r[d] = ...
   ReadNumber,   // r[d] = r[d] * (n[i].item() + 1)   or r[d].add_(n[i].item())
   ReadData,     // a break on computed data: if ((r[a].sum() > 0.25).item<bool>()) ...
@@ -72,6 +75,7 @@ const char* op_name(Op op) {
     case Op::Dropout: return "dropout";
     case Op::BatchNorm: return "batchnorm";
     case Op::Random: return "random";
+    case Op::DataSizes: return "data_sizes";
     case Op::ReadBranch: return "read_branch";
     case Op::ReadNumber: return "read_number";
     case Op::ReadData: return "read_data";
@@ -114,7 +118,7 @@ class Generator {
 
   Instr instr(bool in_loop) {
     Instr in;
-    const int kinds = in_loop ? 14 : 15;  // no nested loops
+    const int kinds = in_loop ? 15 : 16;  // no nested loops
     in.op = static_cast<Op>(pick(kinds));
     // Reads are frequent: weight them up.
     if (pick(4) == 0) in.op = static_cast<Op>(static_cast<int>(Op::ReadBranch) + pick(3));
@@ -237,6 +241,16 @@ struct FuzzNet : torch::nn::Module {
         break;
       case Op::Random:
         d = in.k % 2 == 0 ? a + torch::rand_like(a) : a * torch::bernoulli(torch::full({4, 3}, 0.5));
+        break;
+      case Op::DataSizes:
+        if (in.k % 3 == 0) {
+          const int64_t count = a.masked_select(a > 0).size(0);
+          d = a * static_cast<double>(count + 1);
+        } else if (in.k % 3 == 1) {
+          d = a + b.masked_select(a > 0.5).sum();
+        } else {
+          d = a.index_fill(0, torch::nonzero(b.select(1, 0) > 0).select(1, 0), 0.5);
+        }
         break;
       case Op::ReadBranch: {
         bool taken;
