@@ -743,6 +743,9 @@ void tracing_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   std::vector<c10::IValue> args(stack->end() - num_args, stack->end());
   redispatch_below_tracer(key, op, ks, stack);
   const size_t num_returns = schema.returns().size();
+  // The number of tensors `unbind` / `split` / `chunk` return is a size of their argument: the
+  // graph and the host code that loops over them hold that count.
+  if (muted && ir::op_properties(op).result_count_from_sizes) muted->note_read(ir::op_target_name(op));
   if (muted) muted->observe_results(op, args, stack, num_returns, impl);
   impl.record(op, args, stack->data() + (stack->size() - num_returns));
   if (Level == TraceLevel::AboveAutograd && !tracer->failed() && ir::results_depend_on_data(op, args)) {

@@ -150,6 +150,10 @@ OpProperties compute(const c10::OperatorHandle& op) {
     static const std::unordered_set<std::string> kDataDependent = {
         "nonzero", "argwhere", "masked_select", "_unique", "_unique2", "unique_dim", "unique_consecutive",
         "unique_dim_consecutive", "bincount", "nonzero_numpy"};
+    static const std::unordered_set<std::string> kCountFromSizes = {
+        "unbind", "split", "unsafe_split", "chunk", "unsafe_chunk", "tensor_split", "split_with_sizes",
+        "unsafe_split_with_sizes", "hsplit", "vsplit", "dsplit", "unbind_copy", "split_copy", "split_with_sizes_copy"};
+    p.result_count_from_sizes = kCountFromSizes.count(base) != 0;
     const std::string& overload = schema.overload_name();
     p.data_dependent_sizes = kDataDependent.count(base) != 0 ||
                              (base == "repeat_interleave" && (overload == "Tensor" || overload == "self_Tensor"));

@@ -476,6 +476,35 @@ TEST(Dynamic, AForwardReturningItsInputReturnsTheInputItself) {
   EXPECT_EQ(fast.state().entries().front()->size_symbols().size(), 2u);  // n and 2
 }
 
+// Hand-written time loops over `unbind` and `split`, and `chunk`: the number of tensors they
+// return is a size, so a dynamic entry runs the forward again per size (a graph per count) instead
+// of replaying one count's graph; every result must be eager's.
+struct ListLoops : torch::nn::Module {
+  torch::nn::Linear step{nullptr};
+  ListLoops() { step = register_module("step", torch::nn::Linear(6, 6)); }
+  torch::Tensor forward(torch::Tensor x) {  // [B, T, 6]
+    torch::Tensor h = torch::zeros({x.size(0), 6});
+    for (const torch::Tensor& xt : x.unbind(1)) h = torch::tanh(step->forward(xt) + h);
+    torch::Tensor parts = torch::zeros({x.size(0), 6});
+    for (const torch::Tensor& p : x.split(2, 1)) parts = parts + p.sum(1);
+    torch::Tensor halves = torch::zeros({x.size(0), 6});
+    for (const torch::Tensor& c : x.chunk(3, 1)) halves = halves * 0.5 + c.mean(1);
+    return h + parts + halves;
+  }
+};
+
+TEST_P(DynamicBackends, LoopsOverUnbindSplitAndChunkMatchEagerAtEverySize) {
+  torch::NoGradGuard no_grad;
+  auto m = std::make_shared<ListLoops>();
+  for (bool dynamic : {true, false}) {
+    auto fast = torch::compile(m, torchcompile::CompileOptions(GetParam()).with_dynamic(dynamic));
+    expect_matches_at_random_sizes(
+        fast, [&](torch::Tensor x) { return m->forward(x); },
+        [](std::mt19937& rng) { return torch::randn({random_size(rng, 1, 5), random_size(rng, 1, 9), 6}); }, 12,
+        dynamic ? 71 : 72);
+  }
+}
+
 TEST(Dynamic, ReadOfAnIntermediateSizeRunsTheForwardAgainPerSize) {
   torch::NoGradGuard no_grad;
   auto fn = [](torch::Tensor a) {

@@ -57,6 +57,9 @@ struct OpProperties {
   /// `repeat_interleave` by a tensor, `bincount`). `index` is one only when an index is a
   /// boolean mask: see results_depend_on_data.
   bool data_dependent_sizes = false;
+  /// How many tensors it returns follows from an argument's size (`unbind`, `split`, `chunk`,
+  /// `tensor_split`, `split_with_sizes`): calling it reads that size.
+  bool result_count_from_sizes = false;
 
   bool pointwise() const { return kind == OpKind::Pointwise; }
   bool view() const { return kind == OpKind::View; }
