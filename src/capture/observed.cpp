@@ -8,6 +8,15 @@ namespace torchcompile::capture {
 
 using Policy = c10::TensorImpl::SizesStridesPolicy;
 
+#ifdef C10_DISABLE_TENSORIMPL_EXTENSIBILITY
+#error "observed tensors need TensorImpl's virtual has_storage() (LibTorch built without C10_DISABLE_TENSORIMPL_EXTENSIBILITY)"
+#endif
+
+namespace {
+// Set while a data-read handler runs on this thread: what it does to the tensor is not a read.
+thread_local bool tls_in_data_read = false;
+}  // namespace
+
 std::vector<std::string> SizeReads::first_reads() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return first_reads_;
@@ -23,6 +32,16 @@ void SizeReads::note(uint64_t bits, const std::string& label, const char* what, 
                               : std::string(what) + " of " + label;
   for (int b = 0; b < 64; ++b)
     if ((bits >> b & 1) && !(before >> b & 1) && first_reads_[b].empty()) first_reads_[b] = text;
+}
+
+IgnoreDataReads::IgnoreDataReads() : previous_(tls_in_data_read) { tls_in_data_read = true; }
+IgnoreDataReads::~IgnoreDataReads() { tls_in_data_read = previous_; }
+
+void SizeReads::note_data(const c10::TensorImpl& t) const {
+  if (tls_in_data_read || !active() || !on_data_read_) return;
+  IgnoreDataReads ignore;
+  on_data_read_(at::Tensor(
+      c10::intrusive_ptr<c10::TensorImpl>::unsafe_reclaim_from_nonowning(const_cast<c10::TensorImpl*>(&t))));
 }
 
 void SizeReads::add(const c10::intrusive_ptr<c10::TensorImpl>& t) {
@@ -80,7 +99,15 @@ ObservedTensorImpl* ObservedTensorImpl::of(const at::Tensor& t) {
 }
 
 void ObservedTensorImpl::set_observing(bool on) {
-  set_custom_sizes_strides(on && reads_->active() ? Policy::CustomSizes : Policy::Default);
+  const bool observing = on && reads_->active();
+  observing_.store(observing, std::memory_order_relaxed);
+  // Tensors without candidates keep the default (inline) size policy: only data reads are seen.
+  set_custom_sizes_strides(observing && all_bits_ != 0 ? Policy::CustomSizes : Policy::Default);
+}
+
+bool ObservedTensorImpl::has_storage() const {
+  if (C10_UNLIKELY(observing_.load(std::memory_order_relaxed))) reads_->note_data(*this);
+  return c10::TensorImpl::has_storage();
 }
 
 void ObservedTensorImpl::note_all(const char* what) const { reads_->note(all_bits_, label_, what, -1); }

@@ -16,6 +16,13 @@
 //
 // Not counted: `dim()` (the rank is guarded) and `is_contiguous()` (contiguity is guarded, and
 // for sizes >= 2 it does not depend on the sizes: sizes 0 and 1 are never symbolic).
+//
+// Data reads. Every trace of a forward (static or dynamic) observes its tensors this way, with no
+// candidates when its sizes are static: host code that reads an observed tensor's data
+// (`data_ptr`, `accessor`, `const_data_ptr`, a memcpy from it, printing it) goes through the
+// virtual `has_storage()`, which reports the read to the data-read handler (the tracer ends the
+// graph there, keyed by the tensor's contents) and then answers as an ordinary tensor. Reads by
+// kernels (the tensor is muted while an op runs) and by the handler itself are not reported.
 #pragma once
 
 #include <ATen/Tensor.h>
@@ -24,6 +31,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -45,10 +53,15 @@ class SizeReads {
   void start();
   /// End the observation: every observed tensor still alive becomes an ordinary tensor.
   void finish();
+  /// Called when host code reads the data of an observed tensor (while active, on any thread:
+  /// the handler checks it is the tracing one). Not called again while it runs.
+  using DataReadHandler = std::function<void(const at::Tensor&)>;
+  void set_data_read_handler(DataReadHandler handler) { on_data_read_ = std::move(handler); }
 
  private:
   friend class ObservedTensorImpl;
   void note(uint64_t bits, const std::string& label, const char* what, int64_t dim) const;
+  void note_data(const c10::TensorImpl& t) const;
   void add(const c10::intrusive_ptr<c10::TensorImpl>& t);
 
   mutable std::atomic<uint64_t> read_{0};
@@ -56,9 +69,22 @@ class SizeReads {
   mutable std::mutex mutex_;
   mutable std::vector<std::string> first_reads_;  // 64 entries once something is read
   std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> made_;
+  DataReadHandler on_data_read_;
 };
 
-/// A tensor whose size reads by host code are counted (see the file comment).
+/// While alive, data reads on this thread are not reported (the tracer's own reads).
+class IgnoreDataReads {
+ public:
+  IgnoreDataReads();
+  ~IgnoreDataReads();
+  IgnoreDataReads(const IgnoreDataReads&) = delete;
+  IgnoreDataReads& operator=(const IgnoreDataReads&) = delete;
+
+ private:
+  bool previous_;
+};
+
+/// A tensor whose size and data reads by host code are seen (see the file comment).
 class ObservedTensorImpl final : public c10::TensorImpl {
  public:
   /// Observe `src` (shares its storage, version counter and metadata). `dim_bits[d]` are the
@@ -68,14 +94,17 @@ class ObservedTensorImpl final : public c10::TensorImpl {
   /// The observed tensor behind `t`, or null.
   static ObservedTensorImpl* of(const at::Tensor& t);
 
-  /// Whether reads go through the counting methods (false while an op runs on it).
+  /// Whether reads are seen (false while an op runs on it).
   void set_observing(bool on);
+  /// Names it in logs and messages: `input 'x'`, `the result of aten::gt.Scalar`.
+  const std::string& label() const { return label_; }
   /// The union of the candidates of all its dimensions.
   uint64_t all_bits() const { return all_bits_; }
   /// Every dimension may now also depend on `bits` (an op wrote into it).
   void add_bits(uint64_t bits) {
     for (uint64_t& b : dim_bits_) b |= bits;
     all_bits_ |= bits;
+    set_observing(observing_.load(std::memory_order_relaxed));
   }
   /// Count a read of all its dimensions (`what` names it in logs).
   void note_read_all(const char* what) const { note_all(what); }
@@ -87,6 +116,9 @@ class ObservedTensorImpl final : public c10::TensorImpl {
  private:
   void note_all(const char* what) const;
   void note_dim(int64_t d) const;
+
+  // Every data access (`data_ptr`, `data()`, accessors) asks this first.
+  bool has_storage() const override;
 
   c10::IntArrayRef sizes_custom() const override;
   int64_t size_custom(int64_t d) const override;
@@ -111,6 +143,7 @@ class ObservedTensorImpl final : public c10::TensorImpl {
   std::vector<uint64_t> dim_bits_;
   uint64_t all_bits_ = 0;
   std::string label_;
+  std::atomic<bool> observing_{false};  // read by any thread that reads the data
 };
 
 }  // namespace torchcompile::capture

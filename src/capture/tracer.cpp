@@ -62,7 +62,21 @@ bool has_meta_tensor(const torch::jit::Stack& stack, size_t num_args) {
 }
 
 bool is_key_value(const c10::IValue& v) {
-  return v.isDouble() || v.isInt() || v.isBool() || v.isComplexDouble() || v.isIntList();
+  return v.isDouble() || v.isInt() || v.isBool() || v.isComplexDouble() || v.isIntList() ||
+         (v.isTensor() && v.toTensor().defined() && v.toTensor().device().is_cpu());
+}
+
+// `torchcompile::host_data(Tensor self) -> Tensor`: the host read that ends a segment where host
+// code read a tensor's data through a pointer (`data_ptr`, an accessor): a contiguous copy of
+// its contents, the key of the continuation.
+at::Tensor host_data(const at::Tensor& t) { return t.detach().clone(at::MemoryFormat::Contiguous); }
+
+// Same dtype, sizes and bytes (NaNs with the same bits are equal, as for double keys).
+bool same_contents(const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
+  const at::Tensor ca = a.contiguous(), cb = b.contiguous();
+  const size_t n = static_cast<size_t>(ca.numel()) * ca.element_size();
+  return n == 0 || std::memcmp(ca.data_ptr(), cb.data_ptr(), n) == 0;
 }
 
 // `torchcompile::result_sizes(Tensor self) -> int[]`: the host read that ends a segment after an
@@ -94,6 +108,8 @@ bool same_key(const std::vector<c10::IValue>& a, const std::vector<c10::IValue>&
       if (x.toComplexDouble() != y.toComplexDouble()) return false;
     } else if (x.isIntList() && y.isIntList()) {
       if (x.toIntVector() != y.toIntVector()) return false;
+    } else if (x.isTensor() && y.isTensor()) {
+      if (!same_contents(x.toTensor(), y.toTensor())) return false;
     } else {
       return false;
     }
@@ -103,7 +119,20 @@ bool same_key(const std::vector<c10::IValue>& a, const std::vector<c10::IValue>&
 
 std::string key_repr(const std::vector<c10::IValue>& key) {
   std::ostringstream os;
-  for (size_t i = 0; i < key.size(); ++i) os << (i ? ", " : "") << key[i];
+  for (size_t i = 0; i < key.size(); ++i) {
+    os << (i ? ", " : "");
+    if (!key[i].isTensor()) {
+      os << key[i];
+      continue;
+    }
+    // The data host code read: `Int[5] {0, 1, 0, 0, 1}` (the first 8 elements).
+    const at::Tensor& t = key[i].toTensor();
+    os << c10::toString(t.scalar_type()) << t.sizes() << " {";
+    const at::Tensor flat = t.reshape({-1}).to(at::kDouble);
+    const int64_t n = std::min<int64_t>(flat.numel(), 8);
+    for (int64_t k = 0; k < n; ++k) os << (k ? ", " : "") << flat.data_ptr<double>()[k];
+    os << (flat.numel() > n ? ", ...}" : "}");
+  }
   return os.str();
 }
 
@@ -114,8 +143,20 @@ struct Tracer::Impl {
   c10::DispatchKey key = compat::kTracingKey;
   bool fullgraph = false;
   OpInterceptor interceptor;
-  std::shared_ptr<SizeReads> size_reads;  // set: observe size reads (capture/observed.h)
-  std::string unobserved;                 // why some reads may not have been seen
+  std::shared_ptr<SizeReads> size_reads;  // set: observe size and data reads (capture/observed.h)
+  std::string unobserved;                 // why some size reads may not have been seen
+  bool autograd_records = false;          // observe_reads: results autograd tracks stay as they are
+
+  // Tensors whose data host code read (each a graph break keyed by a copy of the contents), at
+  // the version read: reading them again before an op writes to them is no new break. Kept
+  // until the trace ends, when they are checked for host writes (check_host_writes).
+  struct DataRead {
+    at::Tensor tensor;
+    int64_t version = 0;
+    at::Tensor contents;
+    std::string label;
+  };
+  std::vector<DataRead> data_reads;
 
   // The call's environment: slot tensors, their names, and which slot a tensor is.
   std::vector<at::Tensor> slots;
@@ -184,6 +225,7 @@ struct Tracer::Impl {
                                                        // torch:: factories copy the TensorImpl
     c10::Storage storage;
     std::vector<uint8_t> bytes;
+    bool random = false;  // its contents come from the random generator
   };
   std::unordered_map<const c10::StorageImpl*, FreshFactory> fresh_factories;
 
@@ -200,7 +242,7 @@ struct Tracer::Impl {
       fresh_factories.insert_or_assign(
           t.storage().unsafeGetStorageImpl(),
           FreshFactory{c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()), t.storage(),
-                       std::vector<uint8_t>(data, data + n)});
+                       std::vector<uint8_t>(data, data + n), ir::op_is_random(op)});
     }
   }
 
@@ -541,6 +583,40 @@ struct Tracer::Impl {
     return forced_slots;
   }
 
+  // Host code read the data of `t` (an observed tensor) through a pointer: what it computes from
+  // here may depend on the contents, so the segment ends here with a host read of them; the
+  // continuation is keyed by a copy (as `item()` is keyed by its value). A factory result no op
+  // has used yet holds constants, or what host code writes into it (check_factory makes that
+  // a graph constant): reading or filling it is no break, unless it is random.
+  void data_read(const at::Tensor& t, const std::string& label) {
+    if (owner->failed() || Tracer::current(TraceLevel::AboveAutograd) != owner) return;
+    const int64_t version = t._version();
+    for (const DataRead& r : data_reads)
+      if (r.tensor.unsafeGetTensorImpl() == t.unsafeGetTensorImpl() && r.version == version) return;
+    auto fresh = fresh_factories.find(t.storage().unsafeGetStorageImpl());
+    if (fresh != fresh_factories.end() && !fresh->second.random) return;
+    TORCH_CHECK(!fullgraph, "torch::compile(fullgraph=true): host code read the data of ", label,
+                " through a pointer (data_ptr, an accessor), which ends the graph (a graph break)");
+    static const c10::OperatorHandle data_op =
+        c10::Dispatcher::singleton().findSchemaOrThrow("torchcompile::host_data", "");
+    torch::jit::Stack stack{c10::IValue(t)};
+    const size_t breaks = done.size();
+    host_read(data_op, std::nullopt, &stack);
+    if (done.size() == breaks || !done.back().branch) return;  // not a graph value: nothing to key
+    data_reads.push_back(DataRead{t, version, done.back().branch->key.at(0).toTensor(), label});
+  }
+
+  // When the forward has returned: a tensor whose data host code read and then changed through
+  // the pointer (no op wrote to it since) holds values the graph does not compute; replaying
+  // it would lose them.
+  void check_host_writes() {
+    for (const DataRead& r : data_reads) {
+      if (owner->failed()) return;
+      if (r.tensor._version() != r.version || same_contents(r.tensor, r.contents)) continue;
+      owner->fail("host code wrote into the data of " + r.label + " through a pointer", "");
+    }
+  }
+
   // After an operator whose results' sizes depend on the data (`nonzero`, `masked_select`,
   // boolean indexing, ...): later ops, and host code reading those sizes, were recorded for one
   // size, so the segment ends here with a host read of the first result's sizes; the
@@ -558,7 +634,17 @@ struct Tracer::Impl {
   }
 
   // A data-dependent host read while recording: end the segment, run the read, branch on it.
-  void host_read(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  // `ks` is the key set the dispatcher gave the tracing fallback; none for a read that did not
+  // come through the dispatcher (a data read): the op is then called with the tracer excluded.
+  void host_read(const c10::OperatorHandle& op, std::optional<c10::DispatchKeySet> ks, torch::jit::Stack* stack) {
+    auto run = [&] {
+      if (ks) {
+        redispatch_below_tracer(key, op, *ks, stack);
+      } else {
+        c10::impl::ExcludeDispatchKeyGuard no_tracing(key);
+        op.callBoxed(stack);
+      }
+    };
     const auto& schema = op.schema();
     const std::string name = ir::op_target_name(op);
     TORCH_CHECK(!fullgraph, "torch::compile(fullgraph=true): graph break on a data-dependent host read (", name,
@@ -572,14 +658,14 @@ struct Tracer::Impl {
       if (!args[i].isTensor() || !args[i].toTensor().defined()) {
         if (!args[i].isTensor() && ir::is_tensor_like_type(schema.arguments()[i].type()) && !args[i].isNone()) {
           owner->fail("graph break on " + name + " with a tensor-list argument is not supported", name);
-          redispatch_below_tracer(key, op, ks, stack);
+          run();
           return;
         }
         continue;
       }
       auto v = value_for(args[i].toTensor());
       if (!v) {
-        redispatch_below_tracer(key, op, ks, stack);
+        run();
         return;
       }
       forced.push_back(*v);
@@ -588,7 +674,7 @@ struct Tracer::Impl {
     }
     std::vector<uint32_t> forced_slots = close_segment({}, forced, /*is_last=*/false);
     for (size_t k = 0; k < forced_slots.size(); ++k) branch.tensor_args.emplace_back(forced_positions[k], forced_slots[k]);
-    redispatch_below_tracer(key, op, ks, stack);
+    run();
     const size_t num_returns = schema.returns().size();
     branch.key.assign(stack->end() - num_returns, stack->end());
     for (const auto& k : branch.key) {
@@ -664,13 +750,19 @@ class MutedArgs {
 }  // namespace
 
 at::Tensor MutedArgs::observe(const at::Tensor& t, const std::string& label, TracerAccess::Impl& impl) {
-  if (!t.defined() || bits_ == 0) return t;
+  if (!t.defined()) return t;
   if (ObservedTensorImpl* o = ObservedTensorImpl::of(t)) {
     o->add_bits(bits_);
     return t;
   }
   if (t.layout() != c10::kStrided || !t.has_storage()) {
-    if (impl.unobserved.empty()) impl.unobserved = label + " is not a strided tensor";
+    if (bits_ != 0 && impl.unobserved.empty()) impl.unobserved = label + " is not a strided tensor";
+    return t;
+  }
+  // A tensor that requires grad, and while autograd records one it tracks at all (a view), would
+  // lose that in a copy of its TensorImpl: left as it is (its data reads are not seen).
+  if (t.requires_grad() || (impl.autograd_records && t.unsafeGetTensorImpl()->autograd_meta() != nullptr)) {
+    if (bits_ != 0 && impl.unobserved.empty()) impl.unobserved = label + " is recorded by autograd";
     return t;
   }
   at::Tensor o = ObservedTensorImpl::make(t, impl.size_reads, std::vector<uint64_t>(t.dim(), bits_), label);
@@ -682,35 +774,50 @@ at::Tensor MutedArgs::observe(const at::Tensor& t, const std::string& label, Tra
 
 void MutedArgs::observe_results(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args,
                                 torch::jit::Stack* stack, size_t num_returns, TracerAccess::Impl& impl) {
-  if (bits_ == 0) return;
   const std::string label = "the result of " + ir::op_target_name(op);
   // Arguments written in place: an observed one gains the candidates; another cannot be.
   const auto& schema = op.schema();
+  std::unordered_set<const c10::TensorImpl*> arg_impls;
   for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].isTensor() && args[i].toTensor().defined()) arg_impls.insert(args[i].toTensor().unsafeGetTensorImpl());
     const auto* alias = schema.arguments()[i].alias_info();
     if (alias == nullptr || !alias->isWrite() || !args[i].isTensor()) continue;
     const at::Tensor& t = args[i].toTensor();
     if (!t.defined()) continue;
     if (ObservedTensorImpl* o = ObservedTensorImpl::of(t)) {
       o->add_bits(bits_);
-    } else if (impl.unobserved.empty()) {
+    } else if (bits_ != 0 && impl.unobserved.empty()) {
       impl.unobserved = ir::op_target_name(op) + " wrote into a tensor that is not observed";
     }
   }
+  // A result that is an argument itself (`add_` returns `self`) stays that tensor.
+  auto result = [&](const at::Tensor& t) {
+    return t.defined() && arg_impls.count(t.unsafeGetTensorImpl()) != 0 ? t : observe(t, label, impl);
+  };
   for (size_t i = stack->size() - num_returns; i < stack->size(); ++i) {
     c10::IValue& v = (*stack)[i];
     if (v.isTensor()) {
-      v = observe(v.toTensor(), label, impl);
+      v = result(v.toTensor());
     } else if (v.isTensorList()) {
       auto list = v.toTensorList();
-      for (size_t k = 0; k < list.size(); ++k) list.set(k, observe(list.get(k), label, impl));
+      for (size_t k = 0; k < list.size(); ++k) list.set(k, result(list.get(k)));
     } else if (v.isList()) {
-      if (impl.unobserved.empty()) impl.unobserved = label + " is a list the tracer does not observe";
+      if (bits_ != 0 && impl.unobserved.empty()) impl.unobserved = label + " is a list the tracer does not observe";
     }
   }
 }
 
 namespace {
+
+// The operator a call of the forward is recorded as. `_unsafe_view(self, size)` returns a view of
+// `self` without its schema saying so (autograd then takes the result for a new tensor): the
+// level-1 graph records it as the `view` it is, with the same arguments, so that the graph knows
+// the memory is shared. (Below autograd it stays: functionalization makes it on purpose.)
+const c10::OperatorHandle& recorded_as(const c10::OperatorHandle& op, TraceLevel level) {
+  static const c10::OperatorHandle unsafe_view = ir::find_op("aten::_unsafe_view");
+  static const c10::OperatorHandle view = ir::find_op("aten::view");
+  return level == TraceLevel::AboveAutograd && &op.schema() == &unsafe_view.schema() ? view : op;
+}
 
 template <TraceLevel Level>
 void tracing_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
@@ -723,6 +830,8 @@ void tracing_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   }
   TracerAccess::Impl& impl = TracerAccess::impl(*tracer);
   const auto& schema = op.schema();
+  // What the tracer and the kernels read here is not host code reading data.
+  IgnoreDataReads ours;
   // Observed tensors: ordinary while the op runs, observed again afterwards.
   std::optional<MutedArgs> muted;
   if (impl.size_reads) muted.emplace(*stack, schema.arguments().size());
@@ -747,7 +856,7 @@ void tracing_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   // graph and the host code that loops over them hold that count.
   if (muted && ir::op_properties(op).result_count_from_sizes) muted->note_read(ir::op_target_name(op));
   if (muted) muted->observe_results(op, args, stack, num_returns, impl);
-  impl.record(op, args, stack->data() + (stack->size() - num_returns));
+  impl.record(recorded_as(op, Level), args, stack->data() + (stack->size() - num_returns));
   if (Level == TraceLevel::AboveAutograd && !tracer->failed() && ir::results_depend_on_data(op, args)) {
     const c10::IValue& first = (*stack)[stack->size() - num_returns];
     if (first.isTensor() && first.toTensor().defined()) impl.break_on_data_dependent_sizes(op, ks, first.toTensor());
@@ -783,10 +892,18 @@ Tracer* Tracer::current(TraceLevel level) { return tls_current_tracer[static_cas
 
 void Tracer::set_interceptor(OpInterceptor f) { impl_->interceptor = std::move(f); }
 
-void Tracer::observe_sizes(std::shared_ptr<SizeReads> reads) {
-  TORCH_INTERNAL_ASSERT(level_ == TraceLevel::AboveAutograd, "size reads are observed above autograd only");
-  impl_->size_reads = std::move(reads);
+void Tracer::observe_reads(std::shared_ptr<SizeReads> reads, bool autograd_records) {
+  TORCH_INTERNAL_ASSERT(level_ == TraceLevel::AboveAutograd, "reads are observed above autograd only");
+  Impl* im = impl_.get();
+  reads->set_data_read_handler([im](const at::Tensor& t) {
+    const ObservedTensorImpl* o = ObservedTensorImpl::of(t);
+    im->data_read(t, o ? o->label() : std::string("a tensor"));
+  });
+  im->size_reads = std::move(reads);
+  im->autograd_records = autograd_records;
 }
+
+void Tracer::check_host_writes() { impl_->check_host_writes(); }
 
 const std::string& Tracer::unobserved_reason() const { return impl_->unobserved; }
 
@@ -852,6 +969,7 @@ void Tracer::pop_module_path() {
 
 void Tracer::before_module_call(const std::vector<at::Tensor>& inputs) {
   if (failed()) return;
+  IgnoreDataReads ours;
   for (const at::Tensor& t : inputs)
     if (t.defined()) impl_->check_factory(t);
 }
@@ -860,6 +978,7 @@ void Tracer::record_module_call(const std::string& path, const std::vector<at::T
                                 const std::vector<at::Tensor>& outputs, ir::ModuleFn fn) {
   Impl& im = *impl_;
   if (failed()) return;
+  IgnoreDataReads ours;
   if (im.size_reads && im.unobserved.empty()) im.unobserved = "module '" + path + "' ran as an opaque call";
   std::vector<ir::Argument> args;
   for (const at::Tensor& t : inputs) {
@@ -913,4 +1032,5 @@ std::unique_ptr<ir::GraphModule> Tracer::finish(const std::vector<at::Tensor>& o
 
 TORCH_LIBRARY_FRAGMENT(torchcompile, m) {
   m.def("result_sizes(Tensor self) -> int[]", &torchcompile::capture::result_sizes);
+  m.def("host_data(Tensor self) -> Tensor", &torchcompile::capture::host_data);
 }

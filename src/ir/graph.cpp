@@ -131,7 +131,7 @@ bool TensorMeta::operator==(const TensorMeta& o) const {
   if (defined != o.defined) return false;
   if (!defined) return true;
   return dtype == o.dtype && sizes == o.sizes && strides == o.strides && device == o.device &&
-         requires_grad == o.requires_grad;
+         requires_grad == o.requires_grad && sym_sizes == o.sym_sizes && sym_strides == o.sym_strides;
 }
 
 std::string TensorMeta::str() const {
@@ -139,8 +139,18 @@ std::string TensorMeta::str() const {
   std::string s;
   const char* short_name = detail::dtype_short_name(dtype);
   s += short_name ? short_name : c10::toString(dtype);
-  s += "[" + join_ints(sizes) + "]";
-  s += "{" + join_ints(strides) + "}";
+  if (symbolic()) {
+    auto join = [](const std::vector<SymExpr>& v) {
+      std::string out;
+      for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + v[i].str();
+      return out;
+    };
+    s += "[" + join(sym_sizes) + "]";
+    s += "{" + join(sym_strides) + "}";
+  } else {
+    s += "[" + join_ints(sizes) + "]";
+    s += "{" + join_ints(strides) + "}";
+  }
   if (device.type() != c10::DeviceType::CPU || device.has_index()) s += " " + device.str();
   if (requires_grad) s += " rg";
   return s;
@@ -303,6 +313,29 @@ Value memory_base(Value v) {
 
 // ---------------------------------------------------------------------------------------------
 // Graph
+
+void Graph::add_symbol(SizeSymbolDecl symbol) {
+  TORCH_CHECK(SymExpr::symbol(symbol.name).as_symbol() == symbol.name, "Graph::add_symbol: '", symbol.name,
+              "' is not an identifier");
+  TORCH_CHECK(find_symbol(symbol.name) == nullptr && names_.count(symbol.name) == 0, "Graph::add_symbol: the name '",
+              symbol.name, "' is taken");
+  TORCH_CHECK(symbol.min <= symbol.example && symbol.example <= symbol.max, "Graph::add_symbol: ", symbol.name,
+              "'s example value ", symbol.example, " is outside its range [", symbol.min, ", ", symbol.max, "]");
+  names_.insert(symbol.name);
+  symbols_.push_back(std::move(symbol));
+}
+
+const SizeSymbolDecl* Graph::find_symbol(const std::string& name) const {
+  for (const SizeSymbolDecl& s : symbols_)
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
+std::map<std::string, int64_t> Graph::symbol_examples() const {
+  std::map<std::string, int64_t> out;
+  for (const SizeSymbolDecl& s : symbols_) out[s.name] = s.example;
+  return out;
+}
 
 std::string Graph::unique_name(const std::string& base_in) {
   std::string base = sanitize_name(base_in);

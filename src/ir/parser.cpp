@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <complex>
 #include <cstdlib>
+#include <map>
 #include <sstream>
 #include <unordered_map>
 
@@ -48,7 +49,9 @@ struct MetaItem {
 
 class LineParser {
  public:
-  LineParser(const std::string& s, int line) : s_(s), line_(line) {}
+  /// `symbols`: the example values of the graph's size symbols declared so far (may be null).
+  LineParser(const std::string& s, int line, const std::map<std::string, int64_t>* symbols = nullptr)
+      : s_(s), line_(line), symbols_(symbols) {}
 
   [[noreturn]] void fail(const std::string& expected) const {
     std::string rest = s_.substr(pos_, 40);
@@ -119,9 +122,28 @@ class LineParser {
     }
     m.dtype = parse_short_dtype(dtype);
     expect("[");
-    m.sizes = int_list(']');
+    std::vector<SymExpr> sizes = sym_list(']');
     expect("{");
-    m.strides = int_list('}');
+    std::vector<SymExpr> strides = sym_list('}');
+    bool symbolic = false;
+    for (const auto* list : {&sizes, &strides})
+      for (const SymExpr& e : *list) symbolic = symbolic || !e.is_constant();
+    // Sizes of symbols: their values for the symbols' example values.
+    auto value_of = [&](const SymExpr& e) {
+      return e.evaluate([&](const std::string& name) -> int64_t {
+        auto it = symbols_ ? symbols_->find(name) : decltype(symbols_->end()){};
+        if (!symbols_ || it == symbols_->end())
+          fail_at(line_, "symbol '" + name + "' in a tensor type is not declared (a '%" + name +
+                             " : Sym(...)' line before the placeholders)");
+        return it->second;
+      });
+    };
+    for (const SymExpr& e : sizes) m.sizes.push_back(value_of(e));
+    for (const SymExpr& e : strides) m.strides.push_back(value_of(e));
+    if (symbolic) {
+      m.sym_sizes = std::move(sizes);
+      m.sym_strides = std::move(strides);
+    }
     skip_ws();
     // An optional device (`cuda:0`) and `rg`.
     while (at_ident_start()) {
@@ -190,6 +212,36 @@ class LineParser {
   }
 
  private:
+  // A `[...]` or `{...}` list of sizes or strides: integers, or expressions of size symbols.
+  std::vector<SymExpr> sym_list(char close) {
+    std::vector<SymExpr> out;
+    if (consume(std::string(1, close))) return out;
+    while (true) {
+      skip_ws();
+      const size_t start = pos_;
+      int depth = 0;
+      while (pos_ < s_.size()) {
+        const char c = s_[pos_];
+        if (c == '(') ++depth;
+        if (c == ')') --depth;
+        if (depth == 0 && (c == ',' || c == close)) break;
+        const bool in_expression = std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == ' ' ||
+                                   c == '+' || c == '-' || c == '*' || c == '/' || c == '(' || c == ')';
+        if (!in_expression) fail("'" + std::string(1, close) + "'");
+        ++pos_;
+      }
+      if (pos_ >= s_.size()) fail("'" + std::string(1, close) + "' closing a tensor type's sizes or strides");
+      const std::string text = s_.substr(start, pos_ - start);
+      try {
+        out.push_back(SymExpr::parse(text));
+      } catch (const c10::Error&) {
+        fail_at(line_, "expected an integer or an expression of size symbols (s0, 2*s0 + 1, s0//2) in a tensor "
+                       "type, got '" + text + "'");
+      }
+      if (s_[pos_++] == close) return out;
+    }
+  }
+
   std::vector<int64_t> int_list(char close) {
     std::vector<int64_t> out;
     if (consume(std::string(1, close))) return out;
@@ -394,6 +446,7 @@ class LineParser {
   const std::string& s_;
   size_t pos_ = 0;
   int line_;
+  const std::map<std::string, int64_t>* symbols_ = nullptr;
 };
 
 template <typename E>
@@ -413,7 +466,7 @@ class GraphParser {
     bool seen_header = false, seen_return = false, seen_non_placeholder = false;
     while (std::getline(in, line)) {
       ++lineno;
-      LineParser p(line, lineno);
+      LineParser p(line, lineno, &symbol_values_);
       if (p.at_end()) continue;
       if (!seen_header) {
         p.expect("graph");
@@ -701,13 +754,50 @@ class GraphParser {
     p.expect(")");
   }
 
+  // A size symbol, after `%s0 : Sym`: `(8, [2, inf]) = placeholder[target=s0]` (its example
+  // value and range).
+  void parse_symbol(LineParser& p, const std::string& name) {
+    const int line = p.line();
+    SizeSymbolDecl decl;
+    decl.name = name;
+    auto integer = [&](const char* what) {
+      Expr e = p.expr();
+      if (e.kind != Expr::Kind::Int) fail_at(line, std::string("expected ") + what + ", got '" + e.text + "'");
+      return e.i;
+    };
+    p.expect("(");
+    decl.example = integer("the symbol's example value");
+    p.expect(",");
+    p.expect("[");
+    decl.min = integer("the smallest value of the symbol's range");
+    p.expect(",");
+    if (!p.consume("inf")) decl.max = integer("the largest value of the symbol's range, or inf");
+    p.expect("]");
+    p.expect(")");
+    p.expect("=");
+    p.expect("placeholder");
+    p.expect("[");
+    p.expect("target");
+    p.expect("=");
+    std::string target = p.until(']', "']' after the target");
+    p.expect("]");
+    while (!target.empty() && target.back() == ' ') target.pop_back();
+    if (target != name) fail_at(line, "expected a size symbol's target to be its name '" + name + "', got '" + target + "'");
+    graph_->add_symbol(decl);
+    symbol_values_[name] = decl.example;
+  }
+
   // Returns whether the node is a placeholder.
   bool parse_node(LineParser& p) {
     const int line = p.line();
     p.expect("%");
     std::string name = p.ident("a node name after '%'");
-    if (nodes_.count(name)) fail_at(line, "node '%" + name + "' is defined twice");
+    if (nodes_.count(name) || symbol_values_.count(name)) fail_at(line, "node '%" + name + "' is defined twice");
     p.expect(":");
+    if (p.consume("Sym")) {
+      parse_symbol(p, name);
+      return true;
+    }
     bool meta_tuple = false;
     std::vector<MetaItem> meta = p.node_meta(&meta_tuple);
     p.expect("=");
@@ -854,6 +944,7 @@ class GraphParser {
 
   std::unique_ptr<Graph> graph_;
   std::unordered_map<std::string, Node*> nodes_;
+  std::map<std::string, int64_t> symbol_values_;  // the size symbols declared so far
 };
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <sstream>
 #include <tuple>
 
@@ -77,6 +78,39 @@ void check_call_function(const Node& n) {
              n.num_outputs());
 }
 
+// Size symbols: every symbol a node's metadata uses is declared; every declared symbol is bound
+// (a placeholder dimension whose size is exactly the symbol); example sizes and strides are the
+// expressions' values for the symbols' example values.
+void lint_symbols(const Graph& g) {
+  const std::map<std::string, int64_t> examples = g.symbol_examples();
+  std::set<std::string> bound;
+  for (const auto& np : g.nodes()) {
+    const Node& n = *np;
+    for (size_t k = 0; k < n.output_meta().size(); ++k) {
+      const TensorMeta& m = n.output_meta()[k];
+      if (!m.symbolic()) continue;
+      LINT_CHECK(m.sym_sizes.size() == m.sizes.size() && m.sym_strides.size() == m.strides.size(), n, "output ", k,
+                 ": symbolic sizes and strides must give every dimension");
+      for (const auto* pair : {&m.sym_sizes, &m.sym_strides}) {
+        const std::vector<int64_t>& values = pair == &m.sym_sizes ? m.sizes : m.strides;
+        for (size_t d = 0; d < pair->size(); ++d) {
+          const SymExpr& e = (*pair)[d];
+          for (const std::string& s : e.symbols())
+            LINT_CHECK(examples.count(s) != 0, n, "output ", k, " uses the size symbol ", s, ", which is not declared");
+          LINT_CHECK(e.evaluate(examples) == values[d], n, "output ", k, ": ", e.str(), " is ", e.evaluate(examples),
+                     " for the symbols' example values, but the example run had ", values[d]);
+        }
+      }
+      if (n.kind() != NodeKind::Placeholder) continue;
+      for (const SymExpr& e : m.sym_sizes)
+        if (auto s = e.as_symbol()) bound.insert(*s);
+    }
+  }
+  for (const SizeSymbolDecl& s : g.symbols())
+    TORCH_CHECK(bound.count(s.name) != 0, "lint: size symbol ", s.name,
+                " is not bound: no placeholder has a dimension of size exactly ", s.name);
+}
+
 }  // namespace
 
 void lint(const Graph& g) {
@@ -127,6 +161,7 @@ void lint(const Graph& g) {
     defined.insert(&n);
   }
   TORCH_CHECK(output != nullptr, "lint: expected an output node at the end of the graph, found none");
+  lint_symbols(g);
 
   for (const auto& np : g.nodes()) {
     const Node& n = *np;

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <sstream>
 
 namespace torchcompile::ir {
@@ -234,6 +235,7 @@ std::string constant_repr(const c10::IValue& v) {
 void print_tabular(const Graph& g, std::ostream& os) {
   std::vector<std::vector<std::string>> rows;
   rows.push_back({"opcode", "name", "target", "args", "kwargs"});
+  for (const SizeSymbolDecl& sym : g.symbols()) rows.push_back({"placeholder", sym.name, sym.name, "()", "{}"});
   for (const auto& np : g.nodes()) {
     const Node& n = *np;
     std::string args, kwargs = "{}";
@@ -283,6 +285,7 @@ std::string tabular_string(const Graph& g) {
 
 void print_readable(const Graph& g, std::ostream& os) {
   os << "def forward(self";
+  for (const SizeSymbolDecl& sym : g.symbols()) os << ", " << sym.name << ": Sym";
   for (Node* p : g.placeholders()) os << ", " << p->name() << ": " << p->output_meta().at(0).str();
   os << "):\n";
   for (const auto& np : g.nodes()) {
@@ -323,6 +326,11 @@ std::string to_text(const Graph& g) {
 
 std::ostream& operator<<(std::ostream& os, const Graph& g) {
   os << "graph():\n";
+  for (const SizeSymbolDecl& sym : g.symbols()) {
+    os << "  %" << sym.name << " : Sym(" << sym.example << ", [" << sym.min << ", "
+       << (sym.max == std::numeric_limits<int64_t>::max() ? std::string("inf") : std::to_string(sym.max))
+       << "]) = placeholder[target=" << sym.name << "]\n";
+  }
   for (const auto& np : g.nodes()) {
     const Node& n = *np;
     if (n.kind() == NodeKind::Output) {

@@ -51,6 +51,7 @@ Node* copy_node(Graph& dst, const Node& n, const std::function<Value(const Value
 std::unique_ptr<GraphModule> copy_module(const GraphModule& gm) {
   auto out = std::make_unique<GraphModule>();
   Graph& g = out->graph();
+  for (const SizeSymbolDecl& s : gm.graph().symbols()) g.add_symbol(s);
   std::unordered_map<const Node*, Node*> copies;
   auto map = [&](const Value& v) { return Value{copies.at(v.node), v.index}; };
   for (const auto& owned : gm.graph().nodes()) {

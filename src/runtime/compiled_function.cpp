@@ -164,42 +164,6 @@ std::vector<at::Tensor> CompiledFunction::call_compiled(const CallArgs& args, co
   return run_entry(*entry, args, forward, spec);
 }
 
-namespace {
-
-// Why a trace cannot be observed for dynamic shapes: observed op results would lose their
-// autograd history, so autograd must not be recording.
-std::string autograd_reason(const CallArgs& args, const std::vector<std::string>& names, const torch::nn::Module* root) {
-  if (!at::GradMode::is_enabled() || c10::InferenceMode::is_enabled()) return "";
-  const std::string why = " (size reads are observed only when autograd does not record)";
-  for (size_t i = 0; i < args.tensors.size(); ++i)
-    if (args.tensors[i].defined() && args.tensors[i].requires_grad())
-      return "autograd is recording: input '" + names[i] + "' requires grad" + why;
-  if (root != nullptr)
-    for (const auto& p : root->named_parameters(/*recurse=*/true))
-      if (p.value().requires_grad()) return "autograd is recording: parameter '" + p.key() + "' requires grad" + why;
-  return "";
-}
-
-// The observed inputs of a dynamic trace: an input with candidates is observed, its candidate
-// dimensions tagged with their bits (bit k: candidates[k]).
-ObservedInputs observe_inputs(const CallArgs& args, const std::vector<std::string>& names,
-                              const std::vector<Candidate>& candidates) {
-  ObservedInputs o;
-  o.reads = std::make_shared<capture::SizeReads>();
-  o.inputs = args.tensors;
-  for (size_t i = 0; i < args.tensors.size(); ++i) {
-    const at::Tensor& t = args.tensors[i];
-    std::vector<uint64_t> bits(t.defined() ? t.dim() : 0, 0);
-    bool any = false;
-    for (size_t k = 0; k < candidates.size(); ++k)
-      if (candidates[k].input == i) bits[candidates[k].dim] |= uint64_t{1} << k, any = true;
-    if (any) o.inputs[i] = capture::ObservedTensorImpl::make(t, o.reads, std::move(bits), "input '" + names[i] + "'");
-  }
-  return o;
-}
-
-}  // namespace
-
 std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, const ForwardFn& forward,
                                                           OutputSpec& spec) {
   auto guards = GuardSet::build(args, root_, options_.input_names);
@@ -213,7 +177,7 @@ std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, 
   std::optional<ObservedInputs> observed;
   if (!candidates.empty()) {
     replay_reason = autograd_reason(args, names, root_.get());
-    if (replay_reason.empty()) observed = observe_inputs(args, names, candidates);
+    if (replay_reason.empty()) observed = observe_inputs(args, names, candidates, /*autograd_records=*/false);
   }
   TracedRun traced = trace_forward(*this, *guards, args, forward, spec, names, observed ? &*observed : nullptr);
   DynamicPlan plan;

@@ -10,10 +10,16 @@
 
 #include "capture/observed.h"
 #include "compile/pipeline.h"
+#include "runtime/dynamic_entry.h"
 #include "runtime/guards.h"
 #include "runtime/trace_context.h"
 
+#include <ATen/core/grad_mode.h>
+#include <c10/core/InferenceMode.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/nn/module.h>
+
+#include <optional>
 
 namespace torchcompile::runtime {
 
@@ -33,6 +39,20 @@ void add_module_state(capture::Tracer& tracer, const torch::nn::Module* root) {
 // inputs themselves, and metadata the forward changed in place on an observed input
 // (`unsqueeze_`, `resize_`) is applied to the input (the trace then stays static).
 void restore_inputs(const ObservedInputs& observed, const CallArgs& args, TracedRun& t) {
+  // An in-place op with grad mode on gave an observed input an autograd history (x.copy_(x + w)):
+  // the caller's tensor gets it, as eager would have given it. A forward that made an input a
+  // leaf that requires grad would leave the gradients on the observed copy: that runs eagerly.
+  for (size_t i = 0; i < observed.inputs.size(); ++i) {
+    const at::Tensor &o = observed.inputs[i], &a = args.tensors[i];
+    if (!o.defined() || o.unsafeGetTensorImpl() == a.unsafeGetTensorImpl() || !o.requires_grad() || a.requires_grad())
+      continue;
+    if (o.grad_fn()) {
+      torch::autograd::impl::set_gradient_edge(a, torch::autograd::impl::gradient_edge(o));
+    } else if (t.failure.empty()) {
+      t.failure = "the forward made input tensor " + std::to_string(i) + " require grad (requires_grad_)";
+      t.records.clear();
+    }
+  }
   for (std::vector<at::Tensor>* tensors : {&t.outputs, &t.slots})
     for (at::Tensor& out : *tensors)
       for (size_t i = 0; i < observed.inputs.size(); ++i)
@@ -54,30 +74,84 @@ void restore_inputs(const ObservedInputs& observed, const CallArgs& args, Traced
 
 }  // namespace
 
+std::string autograd_reason(const CallArgs& args, const std::vector<std::string>& names, const torch::nn::Module* root) {
+  if (!at::GradMode::is_enabled() || c10::InferenceMode::is_enabled()) return "";
+  const std::string why = " (size reads are observed only when autograd does not record)";
+  for (size_t i = 0; i < args.tensors.size(); ++i)
+    if (args.tensors[i].defined() && args.tensors[i].requires_grad())
+      return "autograd is recording: input '" + names[i] + "' requires grad" + why;
+  if (root != nullptr)
+    for (const auto& p : root->named_parameters(/*recurse=*/true))
+      if (p.value().requires_grad()) return "autograd is recording: parameter '" + p.key() + "' requires grad" + why;
+  return "";
+}
+
+ObservedInputs observe_inputs(const CallArgs& args, const std::vector<std::string>& names,
+                              const std::vector<Candidate>& candidates, bool autograd_records) {
+  ObservedInputs o;
+  o.reads = std::make_shared<capture::SizeReads>();
+  o.inputs = args.tensors;
+  o.autograd_records = autograd_records;
+  for (size_t i = 0; i < args.tensors.size(); ++i) {
+    const at::Tensor& t = args.tensors[i];
+    if (!t.defined() || t.layout() != c10::kStrided || !t.has_storage()) continue;
+    // An input that requires grad, and while autograd records one that is a view autograd
+    // tracks, stays the caller's tensor: a copy of its TensorImpl would lose that. So does one
+    // that shares memory with another input: an in-place op through the other (a view of it)
+    // would give the caller's tensor, not the copy, a new history. (An in-place op on the copy
+    // itself gives it a history, which restore_inputs hands to the caller's tensor.)
+    // The same tensor passed twice is observed once.
+    bool seen = false;
+    for (size_t k = 0; k < i && !seen; ++k) {
+      if (args.tensors[k].defined() && args.tensors[k].unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+        o.inputs[i] = o.inputs[k];
+        seen = true;
+      }
+    }
+    if (seen) continue;
+    if (t.requires_grad()) continue;
+    if (autograd_records) {
+      if (t.unsafeGetTensorImpl()->autograd_meta() != nullptr) continue;
+      bool shared = false;
+      for (size_t k = 0; k < args.tensors.size() && !shared; ++k)
+        shared = args.tensors[k].defined() && args.tensors[k].unsafeGetTensorImpl() != t.unsafeGetTensorImpl() &&
+                 args.tensors[k].has_storage() && args.tensors[k].storage().is_alias_of(t.storage());
+      if (shared) continue;
+    }
+    std::vector<uint64_t> bits(t.dim(), 0);
+    for (size_t k = 0; k < candidates.size(); ++k)
+      if (candidates[k].input == i) bits[candidates[k].dim] |= uint64_t{1} << k;
+    o.inputs[i] = capture::ObservedTensorImpl::make(t, o.reads, std::move(bits), "input '" + names[i] + "'");
+  }
+  return o;
+}
+
 TracedRun trace_forward(const CompiledFunction& fn, const GuardSet& guards, const CallArgs& args,
                         const ForwardFn& forward, OutputSpec& spec, const std::vector<std::string>& names,
-                        const ObservedInputs* observed) {
+                        const ObservedInputs* dynamic) {
   TracedRun t;
   capture::Tracer tracer(fn.options().fullgraph);
-  const std::vector<at::Tensor>& inputs = observed ? observed->inputs : args.tensors;
+  std::optional<ObservedInputs> observed_here;
+  if (!dynamic) observed_here = observe_inputs(args, names, {}, !autograd_reason(args, names, fn.root()).empty());
+  const ObservedInputs* observed = dynamic ? dynamic : &*observed_here;
+  const std::vector<at::Tensor>& inputs = observed->inputs;
   for (size_t i = 0; i < inputs.size(); ++i) tracer.add_input(inputs[i], names.at(i));
   add_module_state(tracer, fn.root());
-  if (observed) tracer.observe_sizes(observed->reads);
+  tracer.observe_reads(observed->reads, observed->autograd_records);
   TraceContext context(fn.options(), fn.name(), fn.root());
   {
     // Observed tensors become ordinary ones when the forward ends, however it ends.
     struct EndObservation {
       const ObservedInputs* o;
-      ~EndObservation() {
-        if (o) o->reads->finish();
-      }
+      ~EndObservation() { o->reads->finish(); }
     } end_observation{observed};
-    SubstitutedInputs substituted(observed ? &observed->inputs : nullptr);
+    SubstitutedInputs substituted(&observed->inputs);
     TraceContext::Scope in_context(context);
     capture::Tracer::Activation active(tracer);
-    if (observed) observed->reads->start();
+    observed->reads->start();
     t.outputs = forward(spec);
   }
+  tracer.check_host_writes();
   for (const auto& n : context.modules()) guards.add_hook_module(n.module, n.version, n.path);
   // Undefined results (an empty state passed through) are not graph values: the spec puts
   // them back around the graphs' outputs.
@@ -97,10 +171,8 @@ TracedRun trace_forward(const CompiledFunction& fn, const GuardSet& guards, cons
     TORCHCOMPILE_LOG(logging::LogKind::GraphBreaks, "torch::compile(", fn.name(), "): trace abandoned: ", t.failure);
   }
   t.slots = capture::slot_tensors(tracer);
-  if (observed) {
-    t.unobserved = tracer.unobserved_reason();
-    restore_inputs(*observed, args, t);
-  }
+  if (dynamic) t.unobserved = tracer.unobserved_reason();
+  restore_inputs(*observed, args, t);
   return t;
 }
 

@@ -12,16 +12,38 @@
 #include <string>
 #include <vector>
 
+namespace torch::nn {
+class Module;
+}
+
 namespace torchcompile::runtime {
 
 class GuardSet;
 
-/// A dynamic trace: the forward receives observed tensors (capture/observed.h) instead of the
-/// call's inputs, and the size reads host code makes are counted in `reads`.
+struct Candidate;
+
+/// The forward of a trace receives observed tensors (capture/observed.h) instead of the call's
+/// inputs: host reads of their data are graph breaks, and in a dynamic trace the size reads of
+/// candidate dimensions are counted in `reads`.
 struct ObservedInputs {
   std::shared_ptr<capture::SizeReads> reads;
   std::vector<at::Tensor> inputs;  // one per input tensor: observed, or the input itself
+  bool autograd_records = false;   // see observe_inputs
 };
+
+/// Why autograd records during a trace of the forward on `args` (grad mode is on and an input or
+/// a parameter of `root` requires grad), or empty. Then a copy of a TensorImpl that autograd
+/// knows (a view it tracks) would lose what autograd must see: observed tensors are not made for
+/// them, and size reads are not counted (a dynamic entry traces each new size).
+std::string autograd_reason(const CallArgs& args, const std::vector<std::string>& names, const torch::nn::Module* root);
+
+/// The observed inputs of a trace: each strided input with storage is observed, its candidate
+/// dimensions tagged with their bits (bit k: candidates[k]; none for a static trace). Inputs that
+/// require grad are not (a copy of the TensorImpl would lose that); when `autograd_records`
+/// (autograd_reason), neither are views autograd tracks, nor inputs sharing memory with another
+/// input (an in-place update through one gives the caller's tensor, not the copy, a history).
+ObservedInputs observe_inputs(const CallArgs& args, const std::vector<std::string>& names,
+                              const std::vector<Candidate>& candidates, bool autograd_records);
 
 /// A trace of one run of the forward: its results, and its segments or why it failed.
 struct TracedRun {
@@ -36,7 +58,8 @@ struct TracedRun {
 /// graph inputs (named `names`), the root module's parameters and buffers its attributes, and
 /// module calls see `fn`'s trace context. The modules whose hooks the run crossed are guarded in
 /// `guards`. Undefined results are not graph outputs: `spec.undefined` lists their positions.
-/// With `observed`, the forward runs on its observed tensors and their reads are counted.
+/// The forward runs on observed tensors: `observed` (a dynamic trace, whose size reads are
+/// counted), or observed inputs without candidates.
 TracedRun trace_forward(const CompiledFunction& fn, const GuardSet& guards, const CallArgs& args,
                         const ForwardFn& forward, OutputSpec& spec, const std::vector<std::string>& names,
                         const ObservedInputs* observed = nullptr);

@@ -3,7 +3,8 @@
 //
 // Models (the benchmark models of bench_models.cpp): M8, 50 chained tiny ops on (8, 8), where the per-op
 // cost of the replay dominates; M1, the MLP on (64, 784), where the GEMMs dominate; and
-// OneOp, a single x + 1 on (8, 8), which shows the fixed cost of one compiled call.
+// OneOp, a single x + 1 on (8, 8), which shows the fixed cost of one compiled call. The
+// *_FirstCall rows compile afresh in every iteration: the cost of a trace and its compile.
 //
 // Each *_Compiled benchmark interleaves, in every iteration, one untimed-by-the-framework eager
 // call with the timed compiled call (alternating which goes first), and times both with
@@ -85,6 +86,41 @@ Case& m8() {
     auto fast = std::make_shared<decltype(torch::compile(chain50, "eager"))>(torch::compile(chain50, "eager"));
     Case k{[](const torch::Tensor& x) { return chain50(x); }, [fast](const torch::Tensor& x) { return (*fast)(x); },
            torch::randn({8, 8}), {}};
+    k.check();
+    return k;
+  }();
+  return c;
+}
+
+// The first call of a fresh compiled object (backend "eager"): the trace, which runs the forward
+// for real while it records (on observed tensors: host reads of their data are graph breaks),
+// plus the compile of the captured graph, against the forward run eagerly. What tracing costs.
+Case& m8_first_call() {
+  static Case c = [] {
+    torch::manual_seed(0);
+    Case k{[](const torch::Tensor& x) { return chain50(x); },
+           [](const torch::Tensor& x) {
+             auto fast = torch::compile(chain50, "eager");
+             return fast(x);
+           },
+           torch::randn({8, 8}), {}};
+    k.check();
+    return k;
+  }();
+  return c;
+}
+
+Case& m1_first_call() {
+  static Case c = [] {
+    torch::manual_seed(0);
+    Mlp net;
+    net->eval();
+    Case k{[net](const torch::Tensor& x) mutable { return net(x); },
+           [net](const torch::Tensor& x) {
+             auto fast = torch::compile(net, "eager");
+             return fast(x);
+           },
+           torch::randn({64, 784}), {}};
     k.check();
     return k;
   }();
@@ -375,6 +411,10 @@ BENCHMARK(BM_M8_Chain50_Eager)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_M8_Chain50_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_M1_MLP_Eager)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_M1_MLP_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
+void BM_M8_Chain50_FirstCall_Compiled(benchmark::State& s) { run_compiled(s, m8_first_call, "M8 first call"); }
+void BM_M1_MLP_FirstCall_Compiled(benchmark::State& s) { run_compiled(s, m1_first_call, "M1 first call"); }
+BENCHMARK(BM_M8_Chain50_FirstCall_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_M1_MLP_FirstCall_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
 void BM_NoOp_Eager(benchmark::State& s) { run_eager(s, noop); }
 void BM_NoOp_Compiled(benchmark::State& s) { run_compiled(s, noop, "NoOp module (8,8)"); }
 void BM_M7_Toy_Eager(benchmark::State& s) { run_eager(s, m7); }

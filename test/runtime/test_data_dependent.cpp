@@ -7,6 +7,7 @@
 
 #include <random>
 
+using tc_test::copy_parameters;
 using tc_test::tensors_close;
 
 namespace {
@@ -66,12 +67,6 @@ struct DataDependent : torch::nn::Module {
     }
   }
 };
-
-void copy_parameters(torch::nn::Module& from, torch::nn::Module& to) {
-  torch::NoGradGuard no_grad;
-  auto target = to.named_parameters();
-  for (const auto& p : from.named_parameters()) target[p.key()].copy_(p.value());
-}
 
 class DataDependentSizes : public ::testing::TestWithParam<std::string> {};
 

@@ -1,6 +1,6 @@
 // A differential fuzzer for graph breaks: random forwards (seeded, reproducible) mixing host
-// reads (`item`, `is_nonzero`, `equal`) and ops whose result sizes depend on the data
-// (`masked_select`, `nonzero`) at random points with factory tensors, in-place ops on
+// reads (`item`, `is_nonzero`, `equal`, data read through `data_ptr` and accessors) and ops whose
+// result sizes depend on the data (`masked_select`, `nonzero`) at random points with factory tensors, in-place ops on
 // inputs, on factory tensors and through views, ops that return their argument, dropout and
 // BatchNorm in training and eval, loops with a break per iteration and several outputs. Each is
 // compiled with `eager`, `aot_eager` and `default` and called many times with changing branch
@@ -17,6 +17,7 @@
 #include "support/test_util.h"
 
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <sstream>
 
@@ -45,6 +46,8 @@ enum class Op {
   ReadBranch,   // v = read(n[i]) ; if (v) r[d] = ... else r[d] = ...
   ReadNumber,   // r[d] = r[d] * (n[i].item() + 1)   or r[d].add_(n[i].item())
   ReadData,     // a break on computed data: if ((r[a].sum() > 0.25).item<bool>()) ...
+  ReadPointer,  // computed data read through a pointer: an accessor element, positives counted
+                // from data_ptr, an int64 accessor
   Loop,         // for j in [0, L): body (with a read of n[(i + j) % 4] per iteration)
 };
 
@@ -79,6 +82,7 @@ const char* op_name(Op op) {
     case Op::ReadBranch: return "read_branch";
     case Op::ReadNumber: return "read_number";
     case Op::ReadData: return "read_data";
+    case Op::ReadPointer: return "read_pointer";
     case Op::Loop: return "loop";
   }
   return "?";
@@ -118,10 +122,10 @@ class Generator {
 
   Instr instr(bool in_loop) {
     Instr in;
-    const int kinds = in_loop ? 15 : 16;  // no nested loops
+    const int kinds = in_loop ? 16 : 17;  // no nested loops
     in.op = static_cast<Op>(pick(kinds));
     // Reads are frequent: weight them up.
-    if (pick(4) == 0) in.op = static_cast<Op>(static_cast<int>(Op::ReadBranch) + pick(3));
+    if (pick(4) == 0) in.op = static_cast<Op>(static_cast<int>(Op::ReadBranch) + pick(4));
     in.d = pick(kRegs);
     in.a = pick(kRegs);
     in.b = pick(kRegs);
@@ -283,6 +287,27 @@ struct FuzzNet : torch::nn::Module {
           d = d.neg();
         }
         break;
+      case Op::ReadPointer: {
+        // With grad mode on, data is read through detach(): reads of the data of tensors that
+        // require grad, and while autograd records of views it tracks and of inputs sharing
+        // memory with another input, are not seen (docs/graph-breaks-and-explain.md). Thresholds
+        // away from 0, as for ReadData.
+        const torch::Tensor t = torch::GradMode::is_enabled() ? a.detach() : a;
+        if (in.k % 3 == 0) {
+          d = t.accessor<float, 2>()[in.i % 4][in.k % 3] > 0.3f ? d + a : d * 0.5;
+        } else if (in.k % 3 == 1) {
+          const torch::Tensor c = t.contiguous();
+          std::vector<float> host(static_cast<size_t>(c.numel()));
+          std::memcpy(host.data(), c.data_ptr<float>(), host.size() * sizeof(float));
+          int positives = 0;
+          for (float v : host) positives += v > 0.3f;
+          d = d * static_cast<double>(positives + 1) * 0.25;
+        } else {
+          const torch::Tensor counts = (t > 0.3).sum(0);  // int64 [3]
+          d = d + static_cast<double>(counts.accessor<int64_t, 1>()[in.i % 3]);
+        }
+        break;
+      }
       case Op::Loop:
         for (int j = 0; j < in.k; ++j) run(in.body, r, n, offset + j);
         break;

@@ -11,6 +11,7 @@
 
 #include <optional>
 
+using tc_test::copy_parameters;
 using tc_test::tensors_close;
 using tc_test::tensors_equal;
 
@@ -70,12 +71,6 @@ class Parity : public ::testing::TestWithParam<ParityCase> {
 };
 
 // Give `to` the parameter values of `from` (two instances of one module type).
-void copy_parameters(torch::nn::Module& from, torch::nn::Module& to) {
-  torch::NoGradGuard no_grad;
-  auto target = to.named_parameters();
-  for (const auto& p : from.named_parameters()) target[p.key()].copy_(p.value());
-}
-
 std::vector<torch::Tensor> calls(std::initializer_list<int64_t> shape, int n = 3) {
   std::vector<torch::Tensor> xs;
   for (int i = 0; i < n; ++i) xs.push_back(torch::randn(shape));

@@ -36,6 +36,12 @@ size_t count_calls(const torchcompile::ir::Graph& g, const std::string& target) 
   return n;
 }
 
+void copy_parameters(torch::nn::Module& from, torch::nn::Module& to) {
+  torch::NoGradGuard no_grad;
+  auto target = to.named_parameters();
+  for (const auto& p : from.named_parameters()) target[p.key()].copy_(p.value());
+}
+
 ::testing::AssertionResult tensors_close(const at::Tensor& expected, const at::Tensor& actual, double rtol,
                                          double atol) {
   if (expected.defined() != actual.defined())

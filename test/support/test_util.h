@@ -34,6 +34,10 @@ struct CompileCounter {
   const std::vector<std::string>& graphs() const { return state->graphs; }
 };
 
+/// Copy the parameters of `from` into those of `to` (the same module type): an eager reference
+/// of a module to be compiled.
+void copy_parameters(torch::nn::Module& from, torch::nn::Module& to);
+
 /// Number of call_function nodes in a graph.
 size_t count_calls(const torchcompile::ir::Graph& g);
 /// Number of call_function nodes whose target is `target` (`aten::add.Tensor`).

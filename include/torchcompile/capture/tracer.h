@@ -89,10 +89,16 @@ class Tracer {
   /// Let `f` handle operators before they are recorded (record mode only).
   void set_interceptor(OpInterceptor f);
 
-  /// Observe size reads (src/capture/observed.h): the results of recorded ops that read an
-  /// observed tensor are observed in turn, and their candidate dimensions counted when host code
-  /// reads their sizes. Level AboveAutograd only, before activation.
-  void observe_sizes(std::shared_ptr<SizeReads> reads);
+  /// Observe the forward's reads (src/capture/observed.h): the results of recorded ops are
+  /// observed in turn; host reads of their sizes count their candidate dimensions, and a host
+  /// read of their data (`data_ptr`, an accessor) ends the segment with a branch keyed by the
+  /// contents, as `item()` does. With `autograd_records` (grad mode is on and something requires
+  /// grad), results autograd tracks (views) are not observed: a copy would lose that. Level
+  /// AboveAutograd only, before activation.
+  void observe_reads(std::shared_ptr<SizeReads> reads, bool autograd_records);
+  /// After the forward returned, before finishing: fail the trace if host code changed, through
+  /// a pointer, the data of a tensor whose data it had read (the graph would not compute it).
+  void check_host_writes();
   /// Why the trace's size reads may be incomplete (a result that could not be observed), or
   /// empty.
   const std::string& unobserved_reason() const;

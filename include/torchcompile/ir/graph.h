@@ -5,6 +5,8 @@
 // their inputs and keep the use lists up to date; lint() verifies all invariants.
 #pragma once
 
+#include <torchcompile/ir/symbolic.h>
+
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
@@ -13,7 +15,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <list>
+#include <map>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -58,7 +62,10 @@ struct ValueHash {
 };
 
 /// What the example run saw for a tensor value. `defined == false` stands for an undefined
-/// tensor (an optional output that was not produced).
+/// tensor (an optional output that was not produced). In a graph with size symbols
+/// (Graph::symbols), `sym_sizes` / `sym_strides` give each size and stride as an expression of
+/// the symbols (`f32[s0, 784]{784, 1}`); `sizes` / `strides` are then their values for the
+/// symbols' example values. Empty for a static value.
 struct TensorMeta {
   bool defined = true;
   c10::ScalarType dtype = c10::ScalarType::Float;
@@ -66,13 +73,28 @@ struct TensorMeta {
   std::vector<int64_t> strides;
   c10::Device device = c10::Device(c10::DeviceType::CPU);
   bool requires_grad = false;
+  std::vector<SymExpr> sym_sizes;
+  std::vector<SymExpr> sym_strides;
+
+  /// Whether sizes or strides are given as expressions of symbols.
+  bool symbolic() const { return !sym_sizes.empty(); }
 
   /// The metadata of `t`; an undefined tensor gives `defined == false`.
   static TensorMeta of(const at::Tensor& t);
   bool operator==(const TensorMeta& o) const;
-  /// Compact form used by the printers: `f32[2, 3]{3, 1}`, with `cpu` omitted and `rg` for
-  /// requires_grad.
+  /// Compact form used by the printers: `f32[2, 3]{3, 1}` (`f32[s0, 3]{3, 1}` with symbols),
+  /// with `cpu` omitted and `rg` for requires_grad.
   std::string str() const;
+};
+
+/// A size symbol of a graph (`s0`): an integer input whose value is the size of an input
+/// dimension, the first placeholder dimension whose symbolic size is exactly the symbol
+/// (seed graphs print it as `placeholder s0`). `example` is its value in the example run.
+struct SizeSymbolDecl {
+  std::string name;
+  int64_t example = 0;
+  int64_t min = 0;
+  int64_t max = std::numeric_limits<int64_t>::max();
 };
 
 /// An argument of a node. Constants are IValues (ints, doubles, bools, int lists, dtypes, None,
@@ -232,6 +254,15 @@ class Graph {
   /// The output node; a graph has exactly one.
   Node* output(std::vector<Value> outputs);
 
+  /// Declare a size symbol (a name no other symbol or node has). Symbols come before the
+  /// placeholders whose metadata uses them; lint() checks that each is bound by one.
+  void add_symbol(SizeSymbolDecl symbol);
+  /// The size symbols, in declaration order; empty for a graph with static sizes.
+  const std::vector<SizeSymbolDecl>& symbols() const { return symbols_; }
+  const SizeSymbolDecl* find_symbol(const std::string& name) const;
+  /// The symbols' example values, by name.
+  std::map<std::string, int64_t> symbol_examples() const;
+
   /// Nodes in order.
   const std::list<std::unique_ptr<Node>>& nodes() const { return nodes_; }
   size_t size() const { return nodes_.size(); }
@@ -261,6 +292,7 @@ class Graph {
   void check_arg(const Argument& a, const Node* user) const;
 
   std::list<std::unique_ptr<Node>> nodes_;
+  std::vector<SizeSymbolDecl> symbols_;
   std::unordered_map<std::string, size_t> name_counts_;
   std::unordered_set<std::string> names_;
   std::list<std::unique_ptr<Node>>::iterator insert_point_ = nodes_.end();
