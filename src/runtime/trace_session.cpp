@@ -34,7 +34,7 @@ void add_module_state(capture::Tracer& tracer, const torch::nn::Module* root) {
     tracer.add_attribute(b.key(), b.value(), ir::AttributeKind::Buffer);
 }
 
-// After a dynamic trace (its segments resolved against the observed tensors): the call's
+// After a trace (its segments resolved against the observed tensors): the call's
 // results and the example inputs the backend compiles with that are observed inputs become the
 // inputs themselves, and metadata the forward changed in place on an observed input
 // (`unsqueeze_`, `resize_`) is applied to the input (the trace then stays static).
@@ -95,20 +95,25 @@ ObservedInputs observe_inputs(const CallArgs& args, const std::vector<std::strin
   for (size_t i = 0; i < args.tensors.size(); ++i) {
     const at::Tensor& t = args.tensors[i];
     if (!t.defined() || t.layout() != c10::kStrided || !t.has_storage()) continue;
+    std::vector<uint64_t> bits(t.dim(), 0);
+    uint64_t all_bits = 0;
+    for (size_t k = 0; k < candidates.size(); ++k)
+      if (candidates[k].input == i) bits[candidates[k].dim] |= uint64_t{1} << k, all_bits |= uint64_t{1} << k;
+    // The same tensor passed twice is observed once, with the candidates of both (on every
+    // dimension: conservative).
+    bool seen = false;
+    for (size_t k = 0; k < i && !seen; ++k) {
+      if (!args.tensors[k].defined() || args.tensors[k].unsafeGetTensorImpl() != t.unsafeGetTensorImpl()) continue;
+      o.inputs[i] = o.inputs[k];
+      if (auto* observed = capture::ObservedTensorImpl::of(o.inputs[k])) observed->add_bits(all_bits);
+      seen = true;
+    }
+    if (seen) continue;
     // An input that requires grad, and while autograd records one that is a view autograd
     // tracks, stays the caller's tensor: a copy of its TensorImpl would lose that. So does one
     // that shares memory with another input: an in-place op through the other (a view of it)
     // would give the caller's tensor, not the copy, a new history. (An in-place op on the copy
     // itself gives it a history, which restore_inputs hands to the caller's tensor.)
-    // The same tensor passed twice is observed once.
-    bool seen = false;
-    for (size_t k = 0; k < i && !seen; ++k) {
-      if (args.tensors[k].defined() && args.tensors[k].unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
-        o.inputs[i] = o.inputs[k];
-        seen = true;
-      }
-    }
-    if (seen) continue;
     if (t.requires_grad()) continue;
     if (autograd_records) {
       if (t.unsafeGetTensorImpl()->autograd_meta() != nullptr) continue;
@@ -118,9 +123,6 @@ ObservedInputs observe_inputs(const CallArgs& args, const std::vector<std::strin
                  args.tensors[k].has_storage() && args.tensors[k].storage().is_alias_of(t.storage());
       if (shared) continue;
     }
-    std::vector<uint64_t> bits(t.dim(), 0);
-    for (size_t k = 0; k < candidates.size(); ++k)
-      if (candidates[k].input == i) bits[candidates[k].dim] |= uint64_t{1} << k;
     o.inputs[i] = capture::ObservedTensorImpl::make(t, o.reads, std::move(bits), "input '" + names[i] + "'");
   }
   return o;
