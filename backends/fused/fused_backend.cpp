@@ -45,6 +45,8 @@ CompiledFn fused_backend(GraphModule& gm, const std::vector<at::Tensor>& example
       {{"fused", claim_of(&fused::fusible), &compile_program<fused::FusedProgram>},
        {"fused", claim_of(&fused::row_fusible), &compile_program<fused::RowProgram>}});
   if (needs_autograd(gm, example_inputs)) return decline(kNeedsAutogradReason);
+  // Programs are built for concrete sizes: one per combination of size symbols.
+  if (!gm.graph().symbols().empty()) return compile_per_shape(gm, example_inputs, &fused_backend);
   return backend(gm, example_inputs);
 }
 

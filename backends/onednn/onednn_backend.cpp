@@ -95,6 +95,8 @@ bool scan_finds(const float* p, size_t n, bool or_infinity) {
 }  // namespace onednn
 
 CompiledFn onednn_backend(GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
+  // Primitives are created for concrete sizes: one compiled graph per combination of size symbols.
+  if (!gm.graph().symbols().empty()) return compile_per_shape(gm, example_inputs, &onednn_backend);
   onednn::Compiled c = onednn::compile(gm, example_inputs);
   if (!c.fn) return nullptr;  // declined (compile() gave the reason to torchcompile::decline)
   for (const auto& f : c.fused) report_partition("onednn: " + f);

@@ -266,6 +266,8 @@ struct Compiled {
 }  // namespace
 
 CompiledFn torchscript_backend(GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
+  // The converted graph holds the example sizes: one per combination of size symbols.
+  if (!gm.graph().symbols().empty()) return compile_per_shape(gm, example_inputs, &torchscript_backend);
   std::shared_ptr<Compiled> compiled;
   try {
     torchscript::Program program = torchscript::convert(gm);

@@ -280,9 +280,9 @@ Backend aot_autograd(Backend fw_compiler, Backend bw_compiler, DecompositionTabl
                      Partitioner partition) {
   TORCH_CHECK(fw_compiler, "aot_autograd: a forward compiler is required");
   if (!bw_compiler) bw_compiler = fw_compiler;
-  return [fw_compiler = std::move(fw_compiler), bw_compiler = std::move(bw_compiler),
-          decompositions = std::move(decompositions),
-          partition](GraphModule& gm, const std::vector<at::Tensor>& example_inputs) -> CompiledFn {
+  Backend static_aot = [fw_compiler = std::move(fw_compiler), bw_compiler = std::move(bw_compiler),
+                        decompositions = std::move(decompositions),
+                        partition](GraphModule& gm, const std::vector<at::Tensor>& example_inputs) -> CompiledFn {
     std::string why;
     if (!aot::liftable(gm, aot::wants_gradients(gm, example_inputs), &why)) {
       // The pipeline runs the graph with the interpreter under autograd.
@@ -353,6 +353,11 @@ Backend aot_autograd(Backend fw_compiler, Backend bw_compiler, DecompositionTabl
                                     *rt->backward_gm, "backward");
     }
     return [rt](std::vector<at::Tensor> inputs) { return aot::Runtime::call(rt, std::move(inputs)); };
+  };
+  // The joint graph is traced at concrete sizes (its integers are those of the example): one per
+  // combination of size symbols.
+  return [static_aot = std::move(static_aot)](GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
+    return compile_per_shape(gm, example_inputs, static_aot);
   };
 }
 

@@ -1,6 +1,7 @@
 // The joint graph: the captured graph re-run under functionalization with the below-autograd
 // tracer, parameters lifted to primals, and autograd asked for the primals' gradients.
 #include "aot/aot_internal.h"
+#include "support/rng_state_guard.h"
 
 #include <torchcompile/capture/tracer.h>
 #include <torchcompile/compat.h>
@@ -26,23 +27,7 @@ namespace fz = at::functionalization::impl;
 
 namespace {
 
-// Restores the CPU generator on destruction: tracing the joint graph executes the forward once
-// more, and its random draws must not shift the user's random stream.
-class RngStateGuard {
- public:
-  RngStateGuard() : gen_(at::detail::getDefaultCPUGenerator()) {
-    std::lock_guard<std::mutex> lock(gen_.mutex());
-    state_ = gen_.get_state();
-  }
-  ~RngStateGuard() {
-    std::lock_guard<std::mutex> lock(gen_.mutex());
-    gen_.set_state(state_);
-  }
-
- private:
-  at::Generator gen_;
-  at::Tensor state_;
-};
+using support::RngStateGuard;
 
 at::Tensor unwrap(const at::Tensor& t) {
   if (!fz::isFunctionalTensor(t)) return t;  // made by a factory op from no functional input

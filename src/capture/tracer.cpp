@@ -11,6 +11,7 @@
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
 #include "capture/observed.h"
@@ -759,13 +760,18 @@ at::Tensor MutedArgs::observe(const at::Tensor& t, const std::string& label, Tra
     if (bits_ != 0 && impl.unobserved.empty()) impl.unobserved = label + " is not a strided tensor";
     return t;
   }
-  // A tensor that requires grad, and while autograd records one it tracks at all (a view), would
-  // lose that in a copy of its TensorImpl: left as it is (its data reads are not seen).
-  if (t.requires_grad() || (impl.autograd_records && t.unsafeGetTensorImpl()->autograd_meta() != nullptr)) {
+  // A result autograd recorded (not a leaf, not a view): its observed copy gets the same gradient
+  // edge (grad_fn and output number), so gradients flow through it as through the result.
+  const bool recorded = t.requires_grad() && t.grad_fn() != nullptr && !t.is_view();
+  // Other tensors that require grad, and while autograd records one it tracks at all (a view),
+  // would lose that in a copy of their TensorImpl: left as they are (their reads are not seen).
+  if (!recorded &&
+      (t.requires_grad() || (impl.autograd_records && t.unsafeGetTensorImpl()->autograd_meta() != nullptr))) {
     if (bits_ != 0 && impl.unobserved.empty()) impl.unobserved = label + " is recorded by autograd";
     return t;
   }
   at::Tensor o = ObservedTensorImpl::make(t, impl.size_reads, std::vector<uint64_t>(t.dim(), bits_), label);
+  if (recorded) torch::autograd::impl::set_gradient_edge(o, torch::autograd::impl::gradient_edge(t));
   ObservedTensorImpl* impl_of = ObservedTensorImpl::of(o);
   impl_of->set_observing(false);
   muted_.push_back(impl_of);

@@ -82,8 +82,8 @@ Backend partitioned_backend(std::vector<PartitionBackend> backends, size_t min_s
   TORCH_CHECK(!backends.empty(), "partitioned_backend: expected at least one backend");
   for (const auto& b : backends)
     TORCH_CHECK(b.claim && b.compile, "partitioned_backend: backend '", b.name, "' needs a claim and a compile function");
-  return [backends = std::move(backends), min_size](GraphModule& gm,
-                                                     const std::vector<at::Tensor>& example_inputs) -> CompiledFn {
+  Backend static_partitioned = [backends = std::move(backends), min_size](
+                                   GraphModule& gm, const std::vector<at::Tensor>& example_inputs) -> CompiledFn {
     // Who runs each node: the first backend claiming it.
     std::unordered_map<const ir::Node*, size_t> owner;
     std::string empty_claims;  // why backends claimed nothing, where they said (decline())
@@ -176,6 +176,11 @@ Backend partitioned_backend(std::vector<PartitionBackend> backends, size_t min_s
     std::shared_ptr<GraphModule> parent(std::move(split.parent));
     auto run = ir::interpreter_fn(*parent);
     return [parent, run](std::vector<at::Tensor> inputs) { return run(std::move(inputs)); };
+  };
+  // Claims and parts see concrete sizes: one split per combination of size symbols.
+  return [static_partitioned = std::move(static_partitioned)](GraphModule& gm,
+                                                              const std::vector<at::Tensor>& example_inputs) {
+    return compile_per_shape(gm, example_inputs, static_partitioned);
   };
 }
 

@@ -337,6 +337,41 @@ std::map<std::string, int64_t> Graph::symbol_examples() const {
   return out;
 }
 
+std::map<std::string, int64_t> Graph::symbol_values(const std::vector<at::Tensor>& inputs) const {
+  std::map<std::string, int64_t> out;
+  if (symbols_.empty()) return out;
+  size_t i = 0;
+  for (const auto& n : nodes_) {
+    if (n->kind() != NodeKind::Placeholder) continue;
+    TORCH_CHECK(i < inputs.size(), "Graph::symbol_values: the graph has more placeholders than the ", inputs.size(),
+                " inputs given");
+    const TensorMeta& m = n->output_meta_.at(0);
+    const at::Tensor& t = inputs[i++];
+    if (!m.symbolic()) continue;
+    TORCH_CHECK(t.defined() && static_cast<size_t>(t.dim()) == m.sym_sizes.size(), "Graph::symbol_values: input ",
+                i - 1, " ('", n->name(), "') should have ", m.sym_sizes.size(), " dimensions (", m.str(), "), got ",
+                t.defined() ? std::to_string(t.dim()) : std::string("an undefined tensor"));
+    for (size_t d = 0; d < m.sym_sizes.size(); ++d)
+      if (auto s = m.sym_sizes[d].as_symbol()) out.emplace(*s, t.size(static_cast<int64_t>(d)));
+  }
+  for (const SizeSymbolDecl& s : symbols_)
+    TORCH_CHECK(out.count(s.name), "Graph::symbol_values: no placeholder dimension binds the size symbol ", s.name);
+  return out;
+}
+
+void Graph::clear_symbols() {
+  for (const auto& n : nodes_)
+    for (TensorMeta& m : n->output_meta_) m.sym_sizes.clear(), m.sym_strides.clear();
+  for (const SizeSymbolDecl& s : symbols_) names_.erase(s.name);
+  symbols_.clear();
+}
+
+void Node::set_output_meta(size_t i, TensorMeta meta) {
+  TORCH_CHECK(i < output_meta_.size(), "node '", name_, "' has ", output_meta_.size(), " outputs, asked to set output ",
+              i);
+  output_meta_[i] = std::move(meta);
+}
+
 std::string Graph::unique_name(const std::string& base_in) {
   std::string base = sanitize_name(base_in);
   if (names_.insert(base).second) return base;

@@ -10,10 +10,12 @@
 #include <torchcompile/support/logging.h>
 
 #include "capture/observed.h"
+#include "compile/pipeline.h"
 #include "runtime/dynamic_entry.h"
 #include "runtime/guards.h"
 #include "runtime/trace_session.h"
 #include "runtime/trace_tree.h"
+#include "support/error_text.h"
 
 #include <ATen/core/grad_mode.h>
 #include <c10/core/InferenceMode.h>
@@ -59,13 +61,19 @@ const std::string& CompiledEntry::eager_reason() const {
 
 std::vector<std::string> CompiledEntry::size_symbols() const {
   if (replays_) return replays_->plan.describe();
-  return root_ && root_->dynamic ? root_->dynamic->plan().describe() : std::vector<std::string>{};
+  if (!root_ || !root_->dynamic) return {};
+  std::vector<std::string> lines = root_->dynamic->plan().describe();
+  if (!root_->dynamic->symbolic())
+    lines.push_back("the backend compiles a static graph per size: " + root_->dynamic->static_reason());
+  return lines;
 }
 
 size_t CompiledEntry::num_specializations() const {
   if (replays_) return replays_->trees.size();
   return root_ && root_->dynamic ? root_->dynamic->num_specializations() : 0;
 }
+
+bool CompiledEntry::symbolic_graph() const { return root_ && root_->dynamic && root_->dynamic->symbolic(); }
 
 const CompiledEntry& CompiledEntry::described() const {
   return replays_ && replays_->first ? *replays_->first : *this;
@@ -164,6 +172,31 @@ std::vector<at::Tensor> CompiledFunction::call_compiled(const CallArgs& args, co
   return run_entry(*entry, args, forward, spec);
 }
 
+namespace {
+
+// Whether the backend declined a graph with size symbols (for a reason other than one that a
+// static graph has too: autograd recording).
+bool declined_symbols(const CompileReport& report) {
+  if (report.backend != "interpreter") return false;
+  bool declined = false;
+  for (const BackendAttempt& a : report.attempts)
+    if (a.outcome == BackendAttempt::Outcome::Declined) {
+      if (a.reason == kNeedsAutogradReason || a.reason.rfind(detail::kDeclinedAtExampleSizes, 0) == 0) return false;
+      declined = true;
+    }
+  return declined;
+}
+
+std::string decline_reasons(const CompileReport& report) {
+  std::string out;
+  for (const BackendAttempt& a : report.attempts)
+    if (a.outcome == BackendAttempt::Outcome::Declined)
+      out += (out.empty() ? "" : "; ") + a.backend + ": " + (a.reason.empty() ? std::string("no reason given") : a.reason);
+  return out;
+}
+
+}  // namespace
+
 std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, const ForwardFn& forward,
                                                           OutputSpec& spec) {
   auto guards = GuardSet::build(args, root_, options_.input_names);
@@ -176,8 +209,11 @@ std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, 
   std::string replay_reason;
   std::optional<ObservedInputs> observed;
   if (!candidates.empty()) {
-    replay_reason = autograd_reason(args, names, root_.get());
-    if (replay_reason.empty()) observed = observe_inputs(args, names, candidates, /*autograd_records=*/false);
+    // While autograd records, results it tracks are observed too (sharing their gradient edge);
+    // what cannot be (views it tracks, inputs requiring grad) makes the trace incomplete.
+    const bool autograd_records = !autograd_reason(args, names, root_.get()).empty();
+    observed = observe_inputs(args, names, candidates, autograd_records);
+    if (!observed->unobserved.empty()) replay_reason = "not every size read can be seen: " + observed->unobserved;
   }
   TracedRun traced = trace_forward(*this, *guards, args, forward, spec, names, observed ? &*observed : nullptr);
   DynamicPlan plan;
@@ -186,15 +222,42 @@ std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, 
     if (replay_reason.empty() && traced.records.size() > 1) replay_reason = "the forward has graph breaks";
     if (replay_reason.empty() && !traced.unobserved.empty())
       replay_reason = "not every size read can be seen: " + traced.unobserved;
-    plan = plan_symbols(candidates, observed ? observed->reads->read() : 0,
-                        observed ? observed->reads->first_reads() : std::vector<std::string>{}, static_reason,
-                        replay_reason, args, names, name_);
-    if (!plan.empty()) guards->make_symbolic(plan);
+    const uint64_t read = observed ? observed->reads->read() : 0;
+    const std::vector<std::string> first_reads = observed ? observed->reads->first_reads() : std::vector<std::string>{};
+    plan = plan_symbols(candidates, read, first_reads, static_reason, replay_reason, args, names, name_,
+                        /*specialize_blanket_reads=*/true);
+    // A plan that kept sizes host code read static, and whose graph can take none of its other
+    // symbols: the read sizes become symbols that run the forward again at each new size.
+    bool blanket_read = false;
+    for (size_t k = 0; k < candidates.size(); ++k) blanket_read = blanket_read || ((read >> k & 1) && candidates[k].blanket);
+    auto replan = [&] {
+      TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", name_, "): no size host code did not read can ",
+                       "vary; the sizes it read become symbols whose new values run the forward again");
+      plan = plan_symbols(candidates, read, first_reads, static_reason, replay_reason, args, names, name_,
+                          /*specialize_blanket_reads=*/false);
+    };
+    if (blanket_read && plan.empty()) replan();
+    if (blanket_read && !plan.empty() && !plan.replays_forward() && traced.failure.empty()) {
+      DynamicPlan probe = plan;
+      auto copy = ir::copy_module(*traced.records.front().gm);
+      make_symbolic(*copy, probe, args.tensors, name_);
+      if (probe.empty()) replan();
+    }
   }
   // The captured graph as traced: a dynamic entry that does not replay the forward records it
   // again at new sizes.
   std::shared_ptr<GraphModule> generic;
-  if (!plan.empty() && !plan.replays_forward()) generic = ir::copy_module(*traced.records.front().gm);
+  std::string static_reason;  // why the backend does not receive the graph with size symbols
+  if (!plan.empty() && !plan.replays_forward() && traced.failure.empty()) {
+    generic = ir::copy_module(*traced.records.front().gm);
+    static_reason = make_symbolic(*traced.records.front().gm, plan, args.tensors, name_);
+    if (plan.empty()) generic.reset();  // no symbol can vary: a static entry
+    else
+      TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", name_, "): ",
+                       static_reason.empty() ? std::string("the backend receives the graph with size symbols")
+                                             : "the graph stays static, compiled per size: " + static_reason);
+  }
+  if (!plan.empty()) guards->make_symbolic(plan);
   auto insert = [&](std::unique_ptr<Segment> root, std::string eager_reason) {
     std::shared_ptr<GuardSet> shared_guards = std::move(guards);
     std::shared_ptr<CompiledEntry> entry;
@@ -230,9 +293,35 @@ std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, 
     insert(nullptr, failure);
     return traced.outputs;
   }
-  if (!plan.empty() && !plan.replays_forward()) {
+  if (generic) {
+    bool symbolic = static_reason.empty();
+    if (symbolic && declined_symbols(root->report)) {
+      // The backend declined the graph with symbols: it gets the static graph, one per size.
+      static_reason = "backend '" + options_.backend + "' declined the graph with size symbols (" +
+                      decline_reasons(root->report) + ")";
+      TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", name_, "): ", static_reason,
+                       "; it compiles the static graph, once per size");
+      root->gm->graph().clear_symbols();
+      std::vector<at::Tensor> example_inputs;
+      for (uint32_t slot : root->input_slots) example_inputs.push_back(traced.slots.at(slot));
+      try {
+        compile_stage::CompiledGraph compiled =
+            compile_stage::compile_graph(*root->gm, example_inputs, backend_, options_.backend, name_);
+        root->fn = std::move(compiled.fn);
+        root->report = std::move(compiled.report);
+      } catch (const std::exception& e) {
+        const std::string failure =
+            "backend '" + options_.backend + "' failed to compile: " + support::error_message(e);
+        warn_once("backend", failure + "; running eagerly");
+        insert(nullptr, failure);
+        return traced.outputs;
+      }
+      symbolic = false;
+    }
+    if (symbolic) generic = root->gm;  // the graph with symbols, as compiled (explain, result sizes)
     auto shapes = std::make_shared<ShapeSpecializations>(std::move(plan), std::move(generic), backend_,
-                                                         options_.backend, name_, std::move(root->fn));
+                                                         options_.backend, name_, std::move(root->fn), symbolic,
+                                                         static_reason);
     root->dynamic = shapes;
     root->fn = [shapes](const std::vector<at::Tensor>& inputs) { return (*shapes)(inputs); };
   }

@@ -196,8 +196,9 @@ std::vector<Candidate> dynamic_candidates(const std::optional<bool>& dynamic, co
         continue;
       }
       say(what + " may be a symbol (" + why + ")");
-      out.push_back(Candidate{static_cast<uint32_t>(i), static_cast<uint32_t>(d), mark.min, mark.max,
-                              mark.kind == torchcompile::detail::DimMark::Dynamic});
+      const bool marked = mark.kind == torchcompile::detail::DimMark::Dynamic;
+      out.push_back(Candidate{static_cast<uint32_t>(i), static_cast<uint32_t>(d), mark.min, mark.max, marked,
+                              /*blanket=*/!marked && !changed[d]});
     }
   }
   return out;
@@ -206,7 +207,8 @@ std::vector<Candidate> dynamic_candidates(const std::optional<bool>& dynamic, co
 DynamicPlan plan_symbols(const std::vector<Candidate>& candidates, uint64_t read,
                          const std::vector<std::string>& first_reads, const std::string& static_reason,
                          const std::string& replay_reason, const CallArgs& args,
-                         const std::vector<std::string>& names, const std::string& owner) {
+                         const std::vector<std::string>& names, const std::string& owner,
+                         bool specialize_blanket_reads) {
   DynamicPlan plan;
   std::string reads;  // what host code read, for the replay reason
   plan.input_names = names;
@@ -229,6 +231,15 @@ DynamicPlan plan_symbols(const std::vector<Candidate>& candidates, uint64_t read
       continue;
     }
     const std::string what = dim_name(names, c.input, c.dim);
+    if ((read >> k & 1) && c.blanket && specialize_blanket_reads) {
+      // dynamic = true asked for every dimension; one host code reads (nn::LSTM reads its batch
+      // and feature sizes) stays static, so that the others keep one graph with symbols. If it
+      // changes later, automatic dynamic makes it a candidate of the new entry.
+      stays_static(c, "host code read it" +
+                          (k < first_reads.size() && !first_reads[k].empty() ? " (" + first_reads[k] + ")" : std::string()) +
+                          "; with dynamic=true a size host code reads stays static until it changes");
+      continue;
+    }
     if (read >> k & 1) {
       const std::string& where = k < first_reads.size() ? first_reads[k] : std::string();
       reads += (reads.empty() ? "" : ", ") + (where.empty() ? what : where);
@@ -271,19 +282,81 @@ DynamicPlan plan_symbols(const std::vector<Candidate>& candidates, uint64_t read
 // ---- specializations --------------------------------------------------------------------------
 
 ShapeSpecializations::ShapeSpecializations(DynamicPlan plan, std::shared_ptr<GraphModule> generic, Backend backend,
-                                           std::string backend_name, std::string owner, CompiledFn first)
+                                           std::string backend_name, std::string owner, CompiledFn first,
+                                           bool symbolic, std::string static_reason)
     : plan_(std::move(plan)),
       generic_(std::move(generic)),
       backend_(std::move(backend)),
       backend_name_(std::move(backend_name)),
-      owner_(std::move(owner)) {
-  compiled_.insert(plan_.traced_key(), std::make_shared<const CompiledFn>(std::move(first)));
+      owner_(std::move(owner)),
+      symbolic_(symbolic),
+      static_reason_(std::move(static_reason)) {
+  if (!symbolic_) {
+    compiled_.insert(plan_.traced_key(), std::make_shared<const CompiledFn>(std::move(first)));
+    return;
+  }
+  all_sizes_ = std::make_shared<const CompiledFn>(std::move(first));
+  for (const auto& n : generic_->graph().nodes()) {
+    if (n->kind() != ir::NodeKind::Output) continue;
+    for (const ir::Argument& a : n->args())
+      a.for_each_value([&](const ir::Value& v) {
+        const ir::TensorMeta& m = v.node->output_meta().at(v.index);
+        std::vector<ir::SymExpr> sizes = m.sym_sizes;
+        if (sizes.empty())
+          for (int64_t s : m.sizes) sizes.emplace_back(s);
+        if (!m.defined) sizes.clear();
+        std::vector<int> symbols;
+        for (const ir::SymExpr& e : sizes) {
+          int index = -1;
+          if (auto name = e.as_symbol())
+            for (size_t k = 0; k < plan_.symbols.size(); ++k)
+              if (plan_.symbols[k].name == *name) index = static_cast<int>(k);
+          symbols.push_back(index);
+        }
+        result_sizes_.push_back(std::move(sizes));
+        result_symbols_.push_back(std::move(symbols));
+      });
+  }
 }
 
-size_t ShapeSpecializations::num_specializations() const { return compiled_.size(); }
+size_t ShapeSpecializations::num_specializations() const { return symbolic_ ? 1 : compiled_.size(); }
+
+void ShapeSpecializations::check_result_sizes(const SizeKey& key, const std::vector<at::Tensor>& outputs) const {
+  if (outputs.size() != result_sizes_.size()) return;  // the output spec checks the count
+  auto value = [&](const std::string& name) -> int64_t {
+    for (size_t k = 0; k < plan_.symbols.size(); ++k)
+      if (plan_.symbols[k].name == name) return key[k];
+    TORCH_INTERNAL_ASSERT(false, "unknown size symbol ", name);
+  };
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const std::vector<ir::SymExpr>& expected = result_sizes_[i];
+    if (!outputs[i].defined() || expected.empty()) continue;
+    bool same = static_cast<size_t>(outputs[i].dim()) == expected.size();
+    const c10::IntArrayRef sizes = outputs[i].sizes();
+    for (size_t d = 0; same && d < expected.size(); ++d) {
+      const int symbol = result_symbols_[i][d];
+      if (symbol >= 0) same = key[symbol] == sizes[d];
+      else if (auto c = expected[d].constant()) same = *c == sizes[d];
+      else same = expected[d].evaluate(value) == sizes[d];
+    }
+    if (same) continue;
+    std::string want;
+    for (size_t d = 0; d < expected.size(); ++d)
+      want += (d ? ", " : "") + expected[d].str() + "=" + std::to_string(expected[d].evaluate(value));
+    TORCH_CHECK(false, "torch::compile(", owner_, "): backend '", backend_name_, "' compiled a graph with size symbols, ",
+                "but with ", plan_.key_str(key), " its result ", i, " has sizes ", outputs[i].sizes(),
+                " where the graph says [", want, "]. A backend that compiles for the example sizes must return ",
+                "torchcompile::compile_per_shape(...) or decline graphs with symbols (backends/backend.h)");
+  }
+}
 
 std::vector<at::Tensor> ShapeSpecializations::operator()(const std::vector<at::Tensor>& inputs) {
   const SizeKey key = plan_.key_of(inputs);
+  if (symbolic_) {
+    std::vector<at::Tensor> outputs = (*all_sizes_)(inputs);
+    check_result_sizes(key, outputs);
+    return outputs;
+  }
   if (auto fn = compiled_.find(key)) return (*fn)(inputs);
   // One specialization at a time; a thread that waited may find its sizes compiled.
   std::lock_guard<std::mutex> one_at_a_time(specialize_mutex_);

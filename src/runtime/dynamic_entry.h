@@ -11,9 +11,13 @@
 //    dimensions equal when traced share a symbol and are guarded equal).
 // 4. The entry's guards accept any sizes >= 2 (within mark_dynamic's bounds) for the symbols.
 //    a. No symbol was read, and the trace was observed completely: the captured graph does not
-//       depend on the symbols' values. ShapeSpecializations runs it once under the tracer for
-//       each new combination of values (recording the same ops at the new sizes) and the backend
-//       compiles that static graph; later calls with those sizes run it directly.
+//       depend on the symbols' values. make_symbolic() declares the symbols in it and fits each
+//       value's sizes and strides as expressions of them; the backend compiles that graph once
+//       and its compiled function serves every size (compile_per_shape, for backends that
+//       compile for concrete sizes, records new sizes inside it). If the graph cannot be given
+//       symbols, or the backend declines it, ShapeSpecializations runs the static graph once
+//       under the tracer for each new combination of values (recording the same ops at the new
+//       sizes) and the backend compiles that static graph; later calls with those sizes run it.
 //    b. Otherwise (host code read a symbol, so the trace recorded integers computed from it or
 //       branched on it; or the trace could not be observed: graph breaks, autograd recording):
 //       ForwardReplays keeps one trace tree per combination of values, each made by running the
@@ -134,6 +138,9 @@ struct Candidate {
   int64_t min = 2;
   int64_t max = std::numeric_limits<int64_t>::max();
   bool marked = false;  ///< by mark_dynamic: warn if it stays static
+  /// Only because of dynamic = true (not marked, not seen to change): if host code reads it, it
+  /// stays static (a later change makes it an automatic candidate).
+  bool blanket = false;
 };
 
 /// What automatic dynamic remembers of a compiled object's calls: the sizes of the first trace
@@ -153,18 +160,35 @@ std::vector<Candidate> dynamic_candidates(const std::optional<bool>& dynamic, co
 /// replay the forward. `static_reason`, if not empty, keeps every candidate static;
 /// `replay_reason`, if not empty, makes the plan replay the forward whatever was read. Logs
 /// each decision; warns for a marked dimension that stays static.
+/// With `specialize_blanket_reads`, a `blanket` candidate host code read stays static instead.
 DynamicPlan plan_symbols(const std::vector<Candidate>& candidates, uint64_t read,
                          const std::vector<std::string>& first_reads, const std::string& static_reason,
                          const std::string& replay_reason, const CallArgs& args,
-                         const std::vector<std::string>& names, const std::string& owner);
+                         const std::vector<std::string>& names, const std::string& owner,
+                         bool specialize_blanket_reads);
 
-/// The compiled forms of a dynamic entry's graph, one per combination of symbol values.
+/// Step 4a: give `gm` (the captured graph of a plan that does not replay the forward, as traced
+/// with `inputs`) the plan's size symbols and metadata that are expressions of them, fitted to
+/// the metadata of its ops run at other sizes (runtime/symbolize.cpp says how and why it is
+/// sound). A symbol at whose other values the graph's ops fail (a size a weight fixes: the 784
+/// features of an MLP's input under dynamic = true) is dropped from `plan`: its dimensions stay
+/// static (logged). Returns an empty string, or why the graph could not be given symbols (then
+/// `gm` is unchanged).
+std::string make_symbolic(GraphModule& gm, DynamicPlan& plan, const std::vector<at::Tensor>& inputs,
+                          const std::string& owner);
+
+/// The compiled forms of a dynamic entry's graph: one for every size (the backend compiled the
+/// graph with size symbols), or one per combination of symbol values (the backend received a
+/// static graph: it declined the graph with symbols, or the graph could not be given them).
 class ShapeSpecializations {
  public:
-  /// `generic` is the captured graph (as traced, before any pass); `first` its compiled form at
-  /// the traced sizes.
+  /// `generic` is the captured graph (as traced, before any pass); `first` its compiled form,
+  /// for every size if `symbolic` (then `generic` has the size symbols, and the sizes of the
+  /// results are checked against its expressions at each call), else at the traced sizes;
+  /// `static_reason` says why not symbolic.
   ShapeSpecializations(DynamicPlan plan, std::shared_ptr<GraphModule> generic, Backend backend,
-                       std::string backend_name, std::string owner, CompiledFn first);
+                       std::string backend_name, std::string owner, CompiledFn first, bool symbolic,
+                       std::string static_reason);
 
   /// Run the graph on `inputs` (the entry's guards passed).
   std::vector<at::Tensor> operator()(const std::vector<at::Tensor>& inputs);
@@ -172,8 +196,12 @@ class ShapeSpecializations {
   const DynamicPlan& plan() const { return plan_; }
   /// The graph as captured, for explain.
   const GraphModule& generic() const { return *generic_; }
-  /// Number of sizes compiled so far.
+  /// Number of compiled functions: 1 for a symbolic graph, else the sizes compiled so far.
   size_t num_specializations() const;
+  /// Whether the backend compiled the graph with size symbols (one compiled function for all
+  /// sizes); if not, why.
+  bool symbolic() const { return symbolic_; }
+  const std::string& static_reason() const { return static_reason_; }
 
   /// Combinations kept; beyond it the least recently used one is dropped.
   static constexpr size_t kMaxSpecializations = BySize<int>::kMax;
@@ -187,8 +215,18 @@ class ShapeSpecializations {
   Backend backend_;
   std::string backend_name_;
   std::string owner_;
+  // Throws if a result's sizes are not those the graph's expressions give for these values.
+  void check_result_sizes(const SizeKey& key, const std::vector<at::Tensor>& outputs) const;
+
   std::mutex specialize_mutex_;  // one specialization at a time
   BySize<std::shared_ptr<const CompiledFn>> compiled_;
+  bool symbolic_ = false;
+  std::string static_reason_;
+  std::shared_ptr<const CompiledFn> all_sizes_;   // symbolic: the one compiled function
+  // symbolic: each result's sizes; per dimension the symbol's index when it is exactly one
+  // symbol (-1: a constant or another expression), for a check without evaluating.
+  std::vector<std::vector<ir::SymExpr>> result_sizes_;
+  std::vector<std::vector<int>> result_symbols_;
 };
 
 /// A dynamic entry whose graph may depend on its symbols' values (step 4b): one trace tree per

@@ -22,7 +22,10 @@ std::string ExplainOutput::str() const {
     for (const auto& op : ops_per_graph[i]) os << "    " << op << "\n";
   }
   if (!size_symbols.empty()) {
-    os << "Dynamic Shapes (" << sizes_compiled << " sizes compiled):\n";
+    if (symbolic_graph)
+      os << "Dynamic Shapes (1 compiled function for every size: the graph has size symbols):\n";
+    else
+      os << "Dynamic Shapes (" << sizes_compiled << " sizes compiled):\n";
     for (const auto& s : size_symbols) os << "  " << s << "\n";
   }
   os << "Out Guards:\n";
@@ -59,6 +62,7 @@ ExplainOutput explain_entry(const CompiledEntry& entry) {
       });
   out.size_symbols = entry.size_symbols();
   out.sizes_compiled = entry.num_specializations();
+  out.symbolic_graph = entry.symbolic_graph();
   out.graph_count = out.ops_per_graph.size();
   out.graph_break_count = out.break_reasons.size();
   if (!entry.runs_eagerly() || entry.eager_reason() != "cache size limit reached") out.guards = entry.guards().describe();

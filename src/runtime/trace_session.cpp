@@ -114,14 +114,26 @@ ObservedInputs observe_inputs(const CallArgs& args, const std::vector<std::strin
     // that shares memory with another input: an in-place op through the other (a view of it)
     // would give the caller's tensor, not the copy, a new history. (An in-place op on the copy
     // itself gives it a history, which restore_inputs hands to the caller's tensor.)
-    if (t.requires_grad()) continue;
+    auto unobserved = [&](const std::string& why) {
+      if (all_bits != 0 && o.unobserved.empty()) o.unobserved = "input '" + names[i] + "' " + why;
+    };
+    if (t.requires_grad()) {
+      unobserved("requires grad");
+      continue;
+    }
     if (autograd_records) {
-      if (t.unsafeGetTensorImpl()->autograd_meta() != nullptr) continue;
+      if (t.unsafeGetTensorImpl()->autograd_meta() != nullptr) {
+        unobserved("is known to autograd");
+        continue;
+      }
       bool shared = false;
       for (size_t k = 0; k < args.tensors.size() && !shared; ++k)
         shared = args.tensors[k].defined() && args.tensors[k].unsafeGetTensorImpl() != t.unsafeGetTensorImpl() &&
                  args.tensors[k].has_storage() && args.tensors[k].storage().is_alias_of(t.storage());
-      if (shared) continue;
+      if (shared) {
+        unobserved("shares memory with another input");
+        continue;
+      }
     }
     o.inputs[i] = capture::ObservedTensorImpl::make(t, o.reads, std::move(bits), "input '" + names[i] + "'");
   }

@@ -29,6 +29,8 @@ struct ObservedInputs {
   std::shared_ptr<capture::SizeReads> reads;
   std::vector<at::Tensor> inputs;  // one per input tensor: observed, or the input itself
   bool autograd_records = false;   // see observe_inputs
+  /// A candidate input left unobserved (its size reads cannot be counted), or empty.
+  std::string unobserved;
 };
 
 /// Why autograd records during a trace of the forward on `args` (grad mode is on and an input or

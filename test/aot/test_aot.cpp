@@ -1,6 +1,7 @@
 // AOT autograd: joint graphs, functionalization, partitioners, the autograd::Function runtime,
 // and gradient parity with eager LibTorch under aot_eager.
 #include "support/test_util.h"
+#include "support/seed_models.h"
 
 #include <random>
 
@@ -137,23 +138,8 @@ std::function<std::vector<torch::Tensor>()> randn_input(std::vector<int64_t> sha
   return [shape, requires_grad] { return std::vector<torch::Tensor>{torch::randn(shape).requires_grad_(requires_grad)}; };
 }
 
-// Seed 003's SimpleNN.
-struct SimpleNNImpl : torch::nn::Cloneable<SimpleNNImpl> {
-  explicit SimpleNNImpl(int64_t input_dim) : input_dim(input_dim) { reset(); }
-  void reset() override {
-    fc1 = register_module("fc1", torch::nn::Linear(input_dim, 64));
-    fc2 = register_module("fc2", torch::nn::Linear(64, 32));
-    fc3 = register_module("fc3", torch::nn::Linear(32, 1));
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    x = torch::relu(fc1(x));
-    x = torch::relu(fc2(x));
-    return fc3(x);
-  }
-  int64_t input_dim;
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
-};
-TORCH_MODULE(SimpleNN);
+using tc_test::SimpleNN;
+using tc_test::SimpleNNImpl;
 
 struct MlpBlockImpl : torch::nn::Cloneable<MlpBlockImpl> {
   MlpBlockImpl() { reset(); }

@@ -127,6 +127,57 @@ Case& m1_first_call() {
   return c;
 }
 
+// A new size of a dynamic entry whose graph has size symbols (`dynamic = true`, backend
+// `default`: its built-ins build programs and primitives per concrete size inside one compiled
+// function). In the case below, "eager" is the warm call: the entry called at 32 sizes it has
+// seen (batch 48..79), and "compiled" the call at a new size: 100 sizes in turn (batch 14..113,
+// the same mean), more than the 64 the entry keeps, so every call builds for its size. The ratio
+// is new size / warm call.
+template <typename M>
+Case make_new_size_case(M net, std::function<torch::Tensor(int64_t)> make_input) {
+  using C = decltype(torch::compile(net, torchcompile::CompileOptions()));
+  auto warm = std::make_shared<C>(torch::compile(net, torchcompile::CompileOptions("default").with_dynamic(true)));
+  auto fresh = std::make_shared<C>(torch::compile(net, torchcompile::CompileOptions("default").with_dynamic(true)));
+  auto warm_inputs = std::make_shared<std::vector<torch::Tensor>>();
+  auto fresh_inputs = std::make_shared<std::vector<torch::Tensor>>();
+  for (int64_t b = 48; b < 80; ++b) warm_inputs->push_back(make_input(b));
+  for (int64_t b = 14; b < 114; ++b) fresh_inputs->push_back(make_input(b));
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& x : *warm_inputs) (*warm)(x);
+    (*fresh)((*fresh_inputs)[0]);
+  }
+  auto warm_next = std::make_shared<size_t>(0), fresh_next = std::make_shared<size_t>(0);
+  Case k{[warm, warm_inputs, warm_next](const torch::Tensor&) {
+           return (*warm)((*warm_inputs)[(*warm_next)++ % warm_inputs->size()]);
+         },
+         [fresh, fresh_inputs, fresh_next](const torch::Tensor&) {
+           return (*fresh)((*fresh_inputs)[(*fresh_next)++ % fresh_inputs->size()]);
+         },
+         make_input(64), {}};
+  return k;
+}
+
+Case& m1_new_size() {
+  static Case c = [] {
+    torch::manual_seed(0);
+    Mlp net;
+    net->eval();
+    return make_new_size_case(net, [](int64_t b) { return torch::randn({b, 784}); });
+  }();
+  return c;
+}
+
+Case& m3_new_size() {
+  static Case c = [] {
+    torch::manual_seed(0);
+    torchcompile_examples::ConvNet net;
+    net->eval();
+    return make_new_size_case(net, [](int64_t b) { return torch::randn({b, 3, 16, 16}); });
+  }();
+  return c;
+}
+
 // M8 and OneOp compiled while TORCHCOMPILE_REPRO_AFTER=backend, TORCHCOMPILE_REPRO_LEVEL=<level>
 // (read when a graph compiles). Level 1 only acts on a compile error: the call path is the one
 // without the setting. Levels 2-4 watch every call (2: a copy of the inputs; 4: also the
@@ -415,6 +466,11 @@ void BM_M8_Chain50_FirstCall_Compiled(benchmark::State& s) { run_compiled(s, m8_
 void BM_M1_MLP_FirstCall_Compiled(benchmark::State& s) { run_compiled(s, m1_first_call, "M1 first call"); }
 BENCHMARK(BM_M8_Chain50_FirstCall_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_M1_MLP_FirstCall_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
+// "eager_us" is the warm call of the dynamic entry here, "ratio_vs_eager" new size / warm.
+void BM_M1_MLP_NewSizeVsWarm_Compiled(benchmark::State& s) { run_compiled(s, m1_new_size, "M1 new size vs warm"); }
+void BM_M3_Conv_NewSizeVsWarm_Compiled(benchmark::State& s) { run_compiled(s, m3_new_size, "M3 new size vs warm"); }
+BENCHMARK(BM_M1_MLP_NewSizeVsWarm_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_M3_Conv_NewSizeVsWarm_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
 void BM_NoOp_Eager(benchmark::State& s) { run_eager(s, noop); }
 void BM_NoOp_Compiled(benchmark::State& s) { run_compiled(s, noop, "NoOp module (8,8)"); }
 void BM_M7_Toy_Eager(benchmark::State& s) { run_eager(s, m7); }

@@ -3,8 +3,11 @@
 // each new size runs the forward again — never a wrong result. Results are compared with eager
 // LibTorch at every size.
 #include "support/test_util.h"
+#include "support/seed_models.h"
 
 #include <torchcompile/backends/registry.h>
+#include <torchcompile/ir/parser.h>
+#include <torchcompile/ir/printer.h>
 #include <torchcompile/runtime/mark_dynamic.h>
 #include <torchcompile/support/logging.h>
 
@@ -13,6 +16,7 @@
 
 #include <cstdlib>
 #include <atomic>
+#include <map>
 #include <random>
 #include <thread>
 #include <sstream>
@@ -155,7 +159,7 @@ TEST_P(DynamicBackends, MarkDynamicCompilesOnce) {
   EXPECT_EQ(fast.state().num_entries(), 1u);
 }
 
-TEST(Dynamic, OneTraceServesEverySizeWithTheBackendCalledPerNewSize) {
+TEST(Dynamic, OneTraceServesEverySizeWithTheBackendCalledOnce) {
   torch::NoGradGuard no_grad;
   CompileCounter cc;
   auto fast = torch::compile([](torch::Tensor a, torch::Tensor b) { return (a * 2 + b).relu().sum(1); },
@@ -165,7 +169,96 @@ TEST(Dynamic, OneTraceServesEverySizeWithTheBackendCalledPerNewSize) {
     EXPECT_TRUE(tensors_close(fast(a, b), (a * 2 + b).relu().sum(1)));
   }
   EXPECT_EQ(fast.state().num_entries(), 1u);
-  EXPECT_EQ(cc.frames(), 3);  // sizes 4, 7, 9: one static graph each, compiled lazily
+  EXPECT_EQ(cc.frames(), 1);  // one graph with the size symbol s0 serves sizes 4, 7 and 9
+  ASSERT_EQ(cc.graphs().size(), 1u);
+  EXPECT_NE(cc.graphs()[0].find("%s0 : Sym(4, [2, inf]) = placeholder[target=s0]"), std::string::npos) << cc.graphs()[0];
+  EXPECT_NE(cc.graphs()[0].find("%arg0 : f32[s0, s1]{s1, 1} = placeholder"), std::string::npos) << cc.graphs()[0];
+}
+
+// A backend registered by name that counts its calls, around a built-in one.
+struct CountingBackend {
+  std::shared_ptr<std::atomic<int>> calls = std::make_shared<std::atomic<int>>(0);
+  std::string name;
+  explicit CountingBackend(const std::string& inner) : name("count_calls_" + inner) {
+    if (!torchcompile::has_backend(name)) {
+      auto calls_of = counters();
+      (*calls_of)[name] = calls;
+      torchcompile::register_backend(name, [inner, name = name, calls_of](torchcompile::GraphModule& gm,
+                                                                           const std::vector<torch::Tensor>& ex) {
+        ++*(*calls_of)[name];
+        // Every graph with size symbols round-trips through the text format.
+        if (!gm.graph().symbols().empty()) {
+          const std::string text = torchcompile::ir::to_text(gm.graph());
+          EXPECT_EQ(torchcompile::ir::to_text(*torchcompile::ir::parse_graph(text)), text);
+        }
+        return torchcompile::lookup_backend(inner)(gm, ex);
+      });
+    }
+    calls = (*counters())[name];
+    *calls = 0;
+  }
+  static std::shared_ptr<std::map<std::string, std::shared_ptr<std::atomic<int>>>> counters() {
+    static auto m = std::make_shared<std::map<std::string, std::shared_ptr<std::atomic<int>>>>();
+    return m;
+  }
+  int count() const { return *calls; }
+};
+
+// The acceptance: with dynamic = true or mark_dynamic the backend is called once for
+// every size, with automatic dynamic at most twice (the static first size, then the symbols),
+// for forwards whose host code reads no size; every result is eager's.
+TEST_P(DynamicBackends, BackendIsCalledOnceForEverySize) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(11);
+  auto mlp = std::make_shared<Mlp>();
+  mlp->eval();
+  auto mlp_input = [](std::mt19937& rng) { return torch::randn({random_size(rng, 2, 64), 784}); };
+  for (bool automatic : {false, true}) {
+    SCOPED_TRACE(automatic ? "MLP, automatic dynamic" : "MLP, dynamic = true");
+    CountingBackend counter(GetParam());
+    auto opts = torchcompile::CompileOptions(counter.name);
+    if (!automatic) opts = opts.with_dynamic(true);
+    auto fast = torch::compile(mlp, opts);
+    expect_matches_at_random_sizes(fast, [&](const torch::Tensor& x) { return mlp->forward(x); }, mlp_input, 20, 21);
+    if (automatic) EXPECT_LE(counter.count(), 2);
+    else EXPECT_EQ(counter.count(), 1);
+  }
+  {
+    SCOPED_TRACE("MLP, mark_dynamic");
+    CountingBackend counter(GetParam());
+    auto fast = torch::compile(mlp, counter.name);
+    auto first = torch::randn({8, 784});
+    torchcompile::mark_dynamic(first, 0);
+    EXPECT_TRUE(tensors_close(fast(first), mlp->forward(first), 1e-4, 1e-5));
+    expect_matches_at_random_sizes(fast, [&](const torch::Tensor& x) { return mlp->forward(x); }, mlp_input, 10, 22);
+    EXPECT_EQ(counter.count(), 1);
+  }
+  {
+    SCOPED_TRACE("conv net, batch and image size, dynamic = true");
+    auto net = std::make_shared<ConvNet>();
+    net->eval();
+    CountingBackend counter(GetParam());
+    auto fast = torch::compile(net, torchcompile::CompileOptions(counter.name).with_dynamic(true));
+    expect_matches_at_random_sizes(fast, [&](const torch::Tensor& x) { return net->forward(x); },
+                                   [](std::mt19937& rng) {
+                                     const int64_t hw = random_size(rng, 8, 40);
+                                     return torch::randn({random_size(rng, 2, 16), 3, hw, hw});
+                                   },
+                                   20, 23);
+    EXPECT_EQ(counter.count(), 1);
+  }
+  {
+    SCOPED_TRACE("LSTM, sequence length, dynamic = true");
+    torch::nn::LSTM lstm(torch::nn::LSTMOptions(16, 24).num_layers(2));
+    lstm->eval();
+    auto lstm_out = [&](torch::Tensor x) { return std::get<0>(lstm->forward(x)); };
+    CountingBackend counter(GetParam());
+    auto fast = torch::compile(lstm_out, torchcompile::CompileOptions(counter.name).with_dynamic(true));
+    expect_matches_at_random_sizes(fast, lstm_out,
+                                   [](std::mt19937& rng) { return torch::randn({random_size(rng, 2, 40), 3, 16}); },
+                                   20, 24);
+    EXPECT_EQ(counter.count(), 1);
+  }
 }
 
 TEST(Dynamic, HostSizeReadsRunTheForwardAgainInOneEntry) {
@@ -262,36 +355,52 @@ TEST(Dynamic, MarkDynamicRangeAndMarkStatic) {
   EXPECT_THROW(torchcompile::mark_dynamic(x, 2), c10::Error);
 }
 
-TEST(Dynamic, AutogradRecordingReplaysTheForwardAtEachNewSize) {
-  auto net = std::make_shared<Mlp>();
-  auto ref = std::make_shared<Mlp>();
-  {
-    torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < net->parameters().size(); ++i) ref->parameters()[i].copy_(net->parameters()[i]);
+// While autograd records (training), the trace still counts size reads: results autograd
+// recorded are observed through copies sharing their gradient edge. An MLP's training forward
+// reads no size, so its entry has one graph with symbols; `aot_eager` builds its joint graph per
+// concrete size inside its one compiled function. An input that requires grad cannot be observed:
+// that entry runs the forward again at each new size, and says so.
+TEST(Dynamic, WhileAutogradRecordsSizeReadsAreStillCounted) {
+  for (bool input_requires_grad : {false, true}) {
+    SCOPED_TRACE(input_requires_grad ? "input requires grad" : "parameters require grad");
+    auto net = std::make_shared<Mlp>();
+    auto ref = std::make_shared<Mlp>();
+    tc_test::copy_parameters(*net, *ref);
+    torchcompile::logging::set_logs("dynamic");
+    ::testing::internal::CaptureStderr();
+    auto fast = torch::compile(net, torchcompile::CompileOptions("aot_eager").with_dynamic(true));
+    for (int64_t n : {4, 9, 4, 6}) {
+      auto x = torch::randn({n, 784});
+      auto x_ref = x.clone();
+      if (input_requires_grad) x.requires_grad_(), x_ref.requires_grad_();
+      net->zero_grad();
+      ref->zero_grad();
+      auto y = fast(x);
+      auto expected = ref->forward(x_ref);
+      ASSERT_TRUE(tensors_close(y, expected, 1e-4, 1e-5)) << "batch " << n;
+      y.sum().backward();
+      expected.sum().backward();
+      for (size_t i = 0; i < net->parameters().size(); ++i)
+        ASSERT_TRUE(tensors_close(net->parameters()[i].grad(), ref->parameters()[i].grad(), 1e-4, 1e-5))
+            << "gradient " << i << ", batch " << n;
+      if (input_requires_grad) ASSERT_TRUE(tensors_close(x.grad(), x_ref.grad(), 1e-4, 1e-5)) << "batch " << n;
+    }
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    torchcompile::logging::set_logs("");
+    ASSERT_EQ(fast.state().num_entries(), 1u);
+    const auto entry = fast.state().entries().front();
+    if (input_requires_grad) {
+      EXPECT_FALSE(entry->symbolic_graph());
+      EXPECT_EQ(entry->num_specializations(), 3u);  // 4, 9, 6
+      EXPECT_THAT(err, ::testing::HasSubstr("each new size runs the forward again: not every size read can be seen: "
+                                            "input 'arg0' requires grad"));
+    } else {
+      EXPECT_TRUE(entry->symbolic_graph());
+      EXPECT_EQ(entry->num_specializations(), 1u);
+      EXPECT_THAT(err, ::testing::HasSubstr("Mlp): the backend receives the graph with size symbols"));
+      EXPECT_THAT(err, ::testing::HasSubstr("compile_per_shape: new sizes [9]: compiled"));
+    }
   }
-  torchcompile::logging::set_logs("dynamic");
-  ::testing::internal::CaptureStderr();
-  auto fast = torch::compile(net, torchcompile::CompileOptions("aot_eager").with_dynamic(true));
-  for (int64_t n : {4, 9, 4, 6}) {
-    auto x = torch::randn({n, 784});
-    net->zero_grad();
-    ref->zero_grad();
-    auto y = fast(x);
-    auto expected = ref->forward(x);
-    ASSERT_TRUE(tensors_close(y, expected, 1e-4, 1e-5)) << "batch " << n;
-    y.sum().backward();
-    expected.sum().backward();
-    for (size_t i = 0; i < net->parameters().size(); ++i)
-      ASSERT_TRUE(tensors_close(net->parameters()[i].grad(), ref->parameters()[i].grad(), 1e-4, 1e-5))
-          << "gradient " << i << ", batch " << n;
-  }
-  const std::string err = ::testing::internal::GetCapturedStderr();
-  torchcompile::logging::set_logs("");
-  EXPECT_EQ(fast.state().num_entries(), 1u);
-  EXPECT_EQ(fast.state().entries().front()->num_specializations(), 3u);  // 4, 9, 6
-  EXPECT_THAT(err, ::testing::HasSubstr("each new size runs the forward again: autograd is recording: parameter "
-                                        "'fc1.weight' requires grad"));
-  EXPECT_THAT(err, ::testing::HasSubstr("new sizes s0=9, s1=784: traced the forward again (2 sizes compiled)"));
 }
 
 TEST(Dynamic, LogsSayWhatBecameASymbolAndHow) {
@@ -315,7 +424,7 @@ TEST(Dynamic, LogsSayWhatBecameASymbolAndHow) {
                                         "sizes run the forward again"));
   EXPECT_THAT(err, ::testing::HasSubstr("each new size runs the forward again: host code read size(0) of input 'x'"));
   EXPECT_THAT(err, ::testing::HasSubstr("symbol s0 = size 0 of 'x' (traced 5), range [2, inf)"));
-  EXPECT_THAT(err, ::testing::HasSubstr("new sizes s0=9: compiled by"));
+  EXPECT_THAT(err, ::testing::HasSubstr("Mlp): the backend receives the graph with size symbols"));
 }
 
 TEST(Dynamic, ExplainShowsTheSymbolsAndTheirGuards) {
@@ -328,7 +437,9 @@ TEST(Dynamic, ExplainShowsTheSymbolsAndTheirGuards) {
   EXPECT_THAT(e.guards, ::testing::Contains("tensor 'x': Float, cpu, Strided, sizes [s0, 784], contiguous, "
                                             "requires_grad false"));
   EXPECT_THAT(e.guards, ::testing::Contains("symbol s0: size 0 of 'x' in [2, inf)"));
-  EXPECT_THAT(e.str(), ::testing::HasSubstr("Dynamic Shapes (1 sizes compiled):\n  s0 = size 0 of 'x'"));
+  EXPECT_THAT(e.str(), ::testing::HasSubstr("Dynamic Shapes (1 compiled function for every size: the graph has size "
+                                            "symbols):\n  s0 = size 0 of 'x'"));
+  EXPECT_THAT(e.graphs.at(0), ::testing::HasSubstr("%x : f32[s0, 784]{784, 1} = placeholder[target=x]"));
 }
 
 TEST(Dynamic, ConcurrentCallsAtDifferentSizesShareOneEntry) {
@@ -396,15 +507,18 @@ void copy_state(torch::nn::Module& from, torch::nn::Module& to) {
 // 12 training steps (forward, loss, backward, SGD with momentum) of `net` compiled and of `ref`
 // (a copy) eagerly, at random input sizes from `make`: one entry with `dynamic = true`, two with
 // automatic dynamic; losses, parameters and buffers (BatchNorm's running statistics) as eager's.
+// For a forward whose host code reads no size, the backend (registered by name, counting its
+// calls) is called once with `dynamic = true`, at most twice with automatic dynamic.
 template <typename M, typename Make>
-void expect_training_matches_at_random_sizes(const std::string& backend, Make&& make) {
+void expect_training_matches_at_random_sizes(const std::string& backend, Make&& make, bool reads_sizes) {
   for (bool automatic : {false, true}) {
     SCOPED_TRACE(automatic ? "automatic dynamic" : "dynamic = true");
     torch::manual_seed(4);
     auto net = std::make_shared<M>();
     auto ref = std::make_shared<M>();
     copy_state(*net, *ref);
-    auto opts = torchcompile::CompileOptions(backend);
+    CountingBackend counter(backend);
+    auto opts = torchcompile::CompileOptions(counter.name);
     if (!automatic) opts = opts.with_dynamic(true);
     auto fast = torch::compile(net, opts);
     torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
@@ -429,6 +543,7 @@ void expect_training_matches_at_random_sizes(const std::string& backend, Make&& 
     auto b = net->buffers(), c = ref->buffers();
     for (size_t i = 0; i < b.size(); ++i) EXPECT_TRUE(tensors_close(b[i], c[i], 1e-4, 1e-5)) << "buffer " << i;
     EXPECT_EQ(fast.state().num_entries(), automatic ? 2u : 1u);
+    if (!reads_sizes) EXPECT_EQ(counter.count(), automatic ? 2 : 1);
   }
 }
 
@@ -449,14 +564,14 @@ struct EncoderClassifier : torch::nn::Module {
 // training mode), an encoder layer (sequence length and batch).
 TEST_P(DynamicBackends, TrainingStepsAtRandomSizesMatchEager) {
   expect_training_matches_at_random_sizes<Mlp>(
-      GetParam(), [](std::mt19937& rng) { return torch::randn({random_size(rng, 2, 40), 784}); });
+      GetParam(), [](std::mt19937& rng) { return torch::randn({random_size(rng, 2, 40), 784}); }, false);
   expect_training_matches_at_random_sizes<ConvNet>(GetParam(), [](std::mt19937& rng) {
     const int64_t hw = random_size(rng, 8, 24);
     return torch::randn({random_size(rng, 2, 8), 3, hw, hw});
-  });
+  }, /*reads_sizes=*/true);  // F::batch_norm reads its input's sizes in training (a check)
   expect_training_matches_at_random_sizes<EncoderClassifier>(GetParam(), [](std::mt19937& rng) {
     return torch::randn({random_size(rng, 2, 9), random_size(rng, 2, 6), 32});
-  });
+  }, true);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, DynamicBackends, ::testing::ValuesIn(backends_to_test()),
@@ -721,3 +836,29 @@ TEST(DynamicFuzz, RandomProgramsAtRandomSizesMatchEager) {
 }
 
 }  // namespace
+
+// Seed 003's SimpleNN compiled with dynamic = true: the debug backend prints the graph with the
+// batch size as `placeholder s0` (the 2 input features stay static: fc1's weight fixes them).
+TEST(Dynamic, DebugBackendPrintsSeedSimpleNnWithPlaceholderS0) {
+  torch::NoGradGuard no_grad;
+  tc_test::SimpleNN model(2);
+  auto fast = torch::compile(model, torchcompile::CompileOptions("debug").with_dynamic(true).with_input_names({"x"}));
+  ::testing::internal::CaptureStdout();
+  auto inputs = torch::ones({10, 2});
+  auto first = fast(inputs);
+  const std::string printed = ::testing::internal::GetCapturedStdout();
+  EXPECT_TRUE(tensors_close(first, model->forward(inputs)));
+  EXPECT_THAT(printed, ::testing::ContainsRegex("placeholder +s0 +s0 +\\(\\) +\\{\\}"));
+  EXPECT_THAT(printed, ::testing::ContainsRegex("placeholder +x +x +\\(\\) +\\{\\}"));
+  EXPECT_LT(printed.find("s0"), printed.find("placeholder    x"));
+  // One compile serves other batch sizes: nothing more is printed.
+  ::testing::internal::CaptureStdout();
+  for (int64_t n : {3, 17, 64}) {
+    auto x = torch::randn({n, 2});
+    EXPECT_TRUE(tensors_close(fast(x), model->forward(x)));
+  }
+  EXPECT_EQ(::testing::internal::GetCapturedStdout(), "");
+  const auto entries = fast.state().entries();
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_TRUE(entries[0]->symbolic_graph());
+}

@@ -48,6 +48,18 @@ Claim claim_if(std::function<bool(const ir::Node&)> supported);
 /// Decline the graph being compiled: returns an empty CompiledFn and records `reason`.
 CompiledFn decline(std::string reason);
 
+/// Graphs with size symbols. With dynamic shapes a backend receives the graph once per
+/// dynamic entry, with size symbols (`gm.graph().symbols()`, metadata `f32[s0, 784]`), and its
+/// CompiledFn is then called with inputs of any sizes the symbols take. A backend whose
+/// compiled form depends on the example sizes (primitives, buffers or programs built for them)
+/// returns `compile_per_shape(gm, static_backend)`: at each new combination of symbol values
+/// it runs the graph (the call's results), records every value's metadata at those sizes into
+/// a static copy of the graph, and hands that copy to `static_backend`, whose compiled form
+/// serves those sizes from then on (the most recent 64 combinations are kept). A backend may
+/// instead `decline(...)` a graph with symbols: the runtime then hands it static graphs, one
+/// per size. For a graph without symbols, compile_per_shape is `static_backend(gm, inputs)`.
+CompiledFn compile_per_shape(GraphModule& gm, const std::vector<at::Tensor>& example_inputs, Backend static_backend);
+
 /// For a backend that compiled the graph: describe one part of it (a fused group, "aten: 3
 /// ops"); shown by explain() and the logs. Does nothing outside the compile stage.
 void report_partition(std::string part);
@@ -80,6 +92,10 @@ namespace detail {
 
 /// The reason recorded by the last decline() on this thread, cleared by the call.
 std::string take_decline_reason();
+
+/// How compile_per_shape's decline reasons begin when the static backend declined the graph at
+/// the example sizes (the runtime then does not offer it static graphs instead).
+extern const char* const kDeclinedAtExampleSizes;
 
 /// What the compile stage listens to while it compiles a graph on this thread: the parts a
 /// backend reports and the timed steps. (compile/compile_report.h's ReportScope installs one that

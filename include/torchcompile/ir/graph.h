@@ -170,6 +170,8 @@ class Node {
   size_t num_outputs() const { return output_meta_.size(); }
   Value output(size_t i = 0);
   const std::vector<TensorMeta>& output_meta() const { return output_meta_; }
+  /// Replace the metadata of output i (the same output, seen at other sizes or with symbols).
+  void set_output_meta(size_t i, TensorMeta meta);
   /// For call_function: how the outputs group into the schema's returns. A `Tensor` return
   /// has 1 value, a `Tensor[]` return as many as the example run produced.
   const std::vector<uint32_t>& return_counts() const { return return_counts_; }
@@ -262,6 +264,12 @@ class Graph {
   const SizeSymbolDecl* find_symbol(const std::string& name) const;
   /// The symbols' example values, by name.
   std::map<std::string, int64_t> symbol_examples() const;
+  /// The symbols' values in a call with these inputs (placeholders in order): each symbol is
+  /// the size of the placeholder dimension that binds it. Throws if the inputs do not match.
+  std::map<std::string, int64_t> symbol_values(const std::vector<at::Tensor>& inputs) const;
+  /// Make the graph static: drop the symbols and every value's symbolic sizes and strides (the
+  /// example sizes stay).
+  void clear_symbols();
 
   /// Nodes in order.
   const std::list<std::unique_ptr<Node>>& nodes() const { return nodes_; }

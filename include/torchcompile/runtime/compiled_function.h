@@ -112,6 +112,8 @@ class CompiledEntry {
   std::vector<std::string> size_symbols() const;
   /// A dynamic entry: the combinations of symbol values compiled so far (0 for a static entry).
   size_t num_specializations() const;
+  /// Whether the entry's backend compiled its graph with size symbols (one function for every size).
+  bool symbolic_graph() const;
   /// Visit the tree depth first: each graph with its compile report, and each break (its host
   /// read and first value).
   void visit(const std::function<void(const GraphModule& graph, const CompileReport& report)>& on_graph,

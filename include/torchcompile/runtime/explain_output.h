@@ -21,7 +21,8 @@ struct ExplainOutput {
   std::vector<CompileReport> compiled;              ///< per graph: backend, partition, declines, steps
   std::string eager_reason;                         ///< set if the call could not be compiled
   std::vector<std::string> size_symbols;            ///< a dynamic entry's symbols (docs/dynamic-shapes.md)
-  size_t sizes_compiled = 0;                        ///< a dynamic entry: sizes compiled so far
+  size_t sizes_compiled = 0;                        ///< a dynamic entry: compiled functions (1 for a graph with size symbols)
+  bool symbolic_graph = false;                      ///< a dynamic entry whose backend compiled the graph with size symbols
 
   /// The report, laid out as torch._dynamo.explain prints it, then which backend compiled each
   /// graph (its parts and every decline).

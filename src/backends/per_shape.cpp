@@ -1,0 +1,178 @@
+// compile_per_shape (backends/backend.h): a backend that compiles for concrete sizes, serving a
+// graph with size symbols.
+#include <torchcompile/backends/backend.h>
+
+#include <torchcompile/ir/interpreter.h>
+#include <torchcompile/ir/split.h>
+#include <torchcompile/support/logging.h>
+
+#include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
+
+#include <algorithm>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+
+namespace torchcompile {
+
+const char* const detail::kDeclinedAtExampleSizes = "at the example sizes: ";
+
+namespace {
+
+using SizeValues = c10::SmallVector<int64_t, 4>;
+
+// Where each symbol of a graph is bound: (placeholder index, dimension).
+std::vector<std::pair<size_t, int64_t>> symbol_bindings(const ir::Graph& g) {
+  std::vector<std::pair<size_t, int64_t>> out(g.symbols().size(), {SIZE_MAX, 0});
+  size_t input = 0;
+  for (const auto& n : g.nodes()) {
+    if (n->kind() != ir::NodeKind::Placeholder) continue;
+    const ir::TensorMeta& m = n->output_meta().at(0);
+    for (size_t d = 0; d < m.sym_sizes.size(); ++d) {
+      const auto s = m.sym_sizes[d].as_symbol();
+      if (!s) continue;
+      for (size_t k = 0; k < g.symbols().size(); ++k)
+        if (g.symbols()[k].name == *s && out[k].first == SIZE_MAX) out[k] = {input, static_cast<int64_t>(d)};
+    }
+    ++input;
+  }
+  for (size_t k = 0; k < out.size(); ++k)
+    TORCH_CHECK(out[k].first != SIZE_MAX, "compile_per_shape: no placeholder dimension binds the size symbol ",
+                g.symbols()[k].name);
+  return out;
+}
+
+struct Specialization {
+  std::shared_ptr<GraphModule> gm;  // the static graph its compiled form reads
+  CompiledFn fn;
+};
+
+class PerShape {
+ public:
+  static constexpr size_t kMax = 64;
+
+  PerShape(GraphModule& gm, Backend static_backend)
+      : gm_(gm), static_backend_(std::move(static_backend)), bindings_(symbol_bindings(gm.graph())) {}
+
+  SizeValues key_of(const std::vector<at::Tensor>& inputs) const {
+    SizeValues key;
+    key.reserve(bindings_.size());
+    for (const auto& [input, dim] : bindings_) {
+      TORCH_CHECK(input < inputs.size() && inputs[input].defined() && dim < inputs[input].dim(),
+                  "compile_per_shape: input ", input, " does not have the dimension ", dim,
+                  " that binds a size symbol");
+      key.push_back(inputs[input].size(dim));
+    }
+    return key;
+  }
+
+  // The static graph at the example sizes (exactly as traced), compiled now.
+  CompiledFn compile_example(const std::vector<at::Tensor>& example_inputs) {
+    auto gm = std::shared_ptr<GraphModule>(ir::copy_module(gm_));
+    gm->graph().clear_symbols();
+    CompiledFn fn = static_backend_(*gm, example_inputs);
+    if (!fn) return fn;
+    insert(key_of(example_inputs), Specialization{gm, fn});
+    return fn;
+  }
+
+  std::vector<at::Tensor> operator()(std::vector<at::Tensor> inputs) {
+    const SizeValues key = key_of(inputs);
+    if (auto s = find(key)) return s->fn(std::move(inputs));
+    std::lock_guard<std::mutex> one_at_a_time(specialize_mutex_);
+    if (auto s = find(key)) return s->fn(std::move(inputs));
+    return specialize(key, std::move(inputs));
+  }
+
+ private:
+  std::shared_ptr<const Specialization> find(const SizeValues& key) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (size_t i = 0; i < items_.size(); ++i) {
+      if (items_[i].first != key) continue;
+      if (i != 0) std::rotate(items_.begin(), items_.begin() + i, items_.begin() + i + 1);
+      return items_.front().second;
+    }
+    return nullptr;
+  }
+
+  void insert(SizeValues key, Specialization s) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    items_.insert(items_.begin(), {std::move(key), std::make_shared<const Specialization>(std::move(s))});
+    if (items_.size() > kMax) items_.pop_back();
+  }
+
+  // Run the graph at these sizes, recording every value's metadata into a static copy; compile
+  // that copy for the next calls with these sizes. Returns this call's results.
+  std::vector<at::Tensor> specialize(const SizeValues& key, std::vector<at::Tensor> inputs) {
+    auto gm = std::shared_ptr<GraphModule>(ir::copy_module(gm_));
+    gm->graph().clear_symbols();
+    std::unordered_map<const ir::Node*, std::vector<ir::TensorMeta>> seen;
+    std::vector<at::Tensor> outputs;
+    {
+      ir::Interpreter recording(*gm);
+      recording.override_if([](const ir::Node&) { return true; },
+                            [&seen](const ir::Node& n, const std::vector<c10::IValue>& args) {
+                              std::vector<at::Tensor> out = ir::run_target(n, args);
+                              std::vector<ir::TensorMeta>& metas = seen[&n];
+                              for (const at::Tensor& t : out) metas.push_back(ir::TensorMeta::of(t));
+                              return out;
+                            });
+      std::vector<ir::TensorMeta> input_metas;
+      for (const at::Tensor& t : inputs) input_metas.push_back(ir::TensorMeta::of(t));
+      outputs = recording.run(inputs);
+      size_t input = 0;
+      for (const auto& node : gm->graph().nodes()) {
+        ir::Node* n = node.get();
+        if (n->kind() == ir::NodeKind::Placeholder) {
+          n->set_output_meta(0, input_metas.at(input++));
+          continue;
+        }
+        auto it = seen.find(n);
+        if (it == seen.end()) continue;
+        TORCH_CHECK(it->second.size() == n->num_outputs(), "compile_per_shape: node '", n->name(), "' returned ",
+                    it->second.size(), " values at new sizes; the graph has ", n->num_outputs());
+        for (size_t i = 0; i < it->second.size(); ++i) n->set_output_meta(i, std::move(it->second[i]));
+      }
+    }
+    std::string how;
+    CompiledFn fn;
+    try {
+      fn = static_backend_(*gm, inputs);
+      how = fn ? "compiled" : "declined (" + detail::take_decline_reason() + "); the interpreter runs them";
+    } catch (const std::exception& e) {
+      how = std::string("failed (") + e.what() + "); the interpreter runs them";
+    }
+    if (!fn) fn = ir::interpreter_fn(*gm);
+    TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "compile_per_shape: new sizes ", c10::IntArrayRef(key), ": ", how);
+    insert(key, Specialization{gm, std::move(fn)});
+    return outputs;
+  }
+
+  GraphModule& gm_;  // the graph with symbols; the runtime keeps it alive as long as the CompiledFn
+  Backend static_backend_;
+  std::vector<std::pair<size_t, int64_t>> bindings_;
+  std::mutex specialize_mutex_;
+  std::mutex mutex_;
+  std::vector<std::pair<SizeValues, std::shared_ptr<const Specialization>>> items_;  // most recent first
+};
+
+}  // namespace
+
+CompiledFn compile_per_shape(GraphModule& gm, const std::vector<at::Tensor>& example_inputs, Backend static_backend) {
+  TORCH_CHECK(static_backend, "compile_per_shape: expected a backend, got an empty function");
+  if (gm.graph().symbols().empty()) return static_backend(gm, example_inputs);
+  for (const auto& n : gm.graph().nodes())
+    if (n->kind() == ir::NodeKind::CallModule)
+      return decline("compile_per_shape: the graph calls the opaque module '" + n->target() +
+                     "', whose metadata at other sizes cannot be recorded");
+  auto per_shape = std::make_shared<PerShape>(gm, std::move(static_backend));
+  if (!per_shape->compile_example(example_inputs)) {
+    // The static backend declined the graph at the example sizes: not because of the symbols.
+    return decline(std::string(detail::kDeclinedAtExampleSizes) + detail::take_decline_reason());
+  }
+  return [per_shape](std::vector<at::Tensor> inputs) { return (*per_shape)(std::move(inputs)); };
+}
+
+}  // namespace torchcompile
