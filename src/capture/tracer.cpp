@@ -760,9 +760,10 @@ at::Tensor MutedArgs::observe(const at::Tensor& t, const std::string& label, Tra
     if (bits_ != 0 && impl.unobserved.empty()) impl.unobserved = label + " is not a strided tensor";
     return t;
   }
-  // A result autograd recorded (not a leaf, not a view): its observed copy gets the same gradient
-  // edge (grad_fn and output number), so gradients flow through it as through the result.
-  const bool recorded = t.requires_grad() && t.grad_fn() != nullptr && !t.is_view();
+  // A result autograd recorded (not a leaf, not a view) that carries candidate dimensions of a
+  // dynamic trace: its observed copy gets the same gradient edge (grad_fn and output number), so
+  // gradients flow through it as through the result, and its size reads are counted.
+  const bool recorded = bits_ != 0 && t.requires_grad() && t.grad_fn() != nullptr && !t.is_view();
   // Other tensors that require grad, and while autograd records one it tracks at all (a view),
   // would lose that in a copy of their TensorImpl: left as they are (their reads are not seen).
   if (!recorded &&
