@@ -7,7 +7,8 @@
 #include <torchcompile/support/logging.h>
 
 #include <c10/util/Exception.h>
-#include <c10/util/SmallVector.h>
+
+#include "support/by_size.h"
 
 #include <algorithm>
 #include <memory>
@@ -21,7 +22,7 @@ const char* const detail::kDeclinedAtExampleSizes = "at the example sizes: ";
 
 namespace {
 
-using SizeValues = c10::SmallVector<int64_t, 4>;
+using SizeValues = support::SizeKey;
 
 // Where each symbol of a graph is bound: (placeholder index, dimension).
 std::vector<std::pair<size_t, int64_t>> symbol_bindings(const ir::Graph& g) {
@@ -51,8 +52,6 @@ struct Specialization {
 
 class PerShape {
  public:
-  static constexpr size_t kMax = 64;
-
   PerShape(GraphModule& gm, Backend static_backend)
       : gm_(gm), static_backend_(std::move(static_backend)), bindings_(symbol_bindings(gm.graph())) {}
 
@@ -87,20 +86,10 @@ class PerShape {
   }
 
  private:
-  std::shared_ptr<const Specialization> find(const SizeValues& key) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (size_t i = 0; i < items_.size(); ++i) {
-      if (items_[i].first != key) continue;
-      if (i != 0) std::rotate(items_.begin(), items_.begin() + i, items_.begin() + i + 1);
-      return items_.front().second;
-    }
-    return nullptr;
-  }
+  std::shared_ptr<const Specialization> find(const SizeValues& key) { return items_.find(key); }
 
   void insert(SizeValues key, Specialization s) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    items_.insert(items_.begin(), {std::move(key), std::make_shared<const Specialization>(std::move(s))});
-    if (items_.size() > kMax) items_.pop_back();
+    items_.insert(std::move(key), std::make_shared<const Specialization>(std::move(s)));
   }
 
   // Run the graph at these sizes, recording every value's metadata into a static copy; compile
@@ -154,8 +143,7 @@ class PerShape {
   Backend static_backend_;
   std::vector<std::pair<size_t, int64_t>> bindings_;
   std::mutex specialize_mutex_;
-  std::mutex mutex_;
-  std::vector<std::pair<SizeValues, std::shared_ptr<const Specialization>>> items_;  // most recent first
+  support::BySize<std::shared_ptr<const Specialization>> items_;  // the 64 most recent sizes
 };
 
 }  // namespace

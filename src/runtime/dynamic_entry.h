@@ -29,7 +29,7 @@
 #include <torchcompile/backends/registry.h>
 #include <torchcompile/runtime/compiled_function.h>
 
-#include <c10/util/SmallVector.h>
+#include "support/by_size.h"
 
 #include <optional>
 
@@ -56,6 +56,9 @@ struct SizeSymbol {
 /// `[2, inf)` or `[2, 16]`.
 std::string size_range(int64_t min, int64_t max);
 
+/// The values of a dynamic entry's symbols in one call, in symbol order.
+using support::SizeKey;
+
 /// An input dimension that is a symbol.
 struct SymbolicDim {
   uint32_t input = 0;
@@ -63,8 +66,6 @@ struct SymbolicDim {
   uint32_t symbol = 0;
 };
 
-/// The values of a dynamic entry's symbols in one call, in symbol order.
-using SizeKey = c10::SmallVector<int64_t, 4>;
 
 /// The symbols of a dynamic entry.
 struct DynamicPlan {
@@ -90,46 +91,7 @@ struct DynamicPlan {
   std::string key_str(const SizeKey& key) const;
 };
 
-/// Values kept per combination of symbol values, most recently used first; beyond kMax the
-/// least recently used is dropped. Thread-safe.
-template <class V>
-class BySize {
- public:
-  static constexpr size_t kMax = 64;
-
-  /// The value for `key` (made most recently used), or V().
-  V find(const SizeKey& key) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (size_t i = 0; i < items_.size(); ++i) {
-      if (items_[i].first != key) continue;
-      if (i != 0) std::rotate(items_.begin(), items_.begin() + i, items_.begin() + i + 1);
-      return items_.front().second;
-    }
-    return V();
-  }
-  /// Adds `value` for `key`; returns how many are kept.
-  size_t insert(SizeKey key, V value) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    items_.insert(items_.begin(), {std::move(key), std::move(value)});
-    if (items_.size() > kMax) items_.pop_back();
-    return items_.size();
-  }
-  size_t size() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return items_.size();
-  }
-  /// The values kept, most recently used first.
-  std::vector<V> values() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    std::vector<V> out;
-    for (const auto& item : items_) out.push_back(item.second);
-    return out;
-  }
-
- private:
-  mutable std::mutex mutex_;
-  std::vector<std::pair<SizeKey, V>> items_;
-};
+using support::BySize;
 
 /// A dimension that may become a symbol, before the trace.
 struct Candidate {
