@@ -24,27 +24,6 @@ namespace {
 
 using SizeValues = support::SizeKey;
 
-// Where each symbol of a graph is bound: (placeholder index, dimension).
-std::vector<std::pair<size_t, int64_t>> symbol_bindings(const ir::Graph& g) {
-  std::vector<std::pair<size_t, int64_t>> out(g.symbols().size(), {SIZE_MAX, 0});
-  size_t input = 0;
-  for (const auto& n : g.nodes()) {
-    if (n->kind() != ir::NodeKind::Placeholder) continue;
-    const ir::TensorMeta& m = n->output_meta().at(0);
-    for (size_t d = 0; d < m.sym_sizes.size(); ++d) {
-      const auto s = m.sym_sizes[d].as_symbol();
-      if (!s) continue;
-      for (size_t k = 0; k < g.symbols().size(); ++k)
-        if (g.symbols()[k].name == *s && out[k].first == SIZE_MAX) out[k] = {input, static_cast<int64_t>(d)};
-    }
-    ++input;
-  }
-  for (size_t k = 0; k < out.size(); ++k)
-    TORCH_CHECK(out[k].first != SIZE_MAX, "compile_per_shape: no placeholder dimension binds the size symbol ",
-                g.symbols()[k].name);
-  return out;
-}
-
 struct Specialization {
   std::shared_ptr<GraphModule> gm;  // the static graph its compiled form reads
   CompiledFn fn;
@@ -53,7 +32,7 @@ struct Specialization {
 class PerShape {
  public:
   PerShape(GraphModule& gm, Backend static_backend)
-      : gm_(gm), static_backend_(std::move(static_backend)), bindings_(symbol_bindings(gm.graph())) {}
+      : gm_(gm), static_backend_(std::move(static_backend)), bindings_(gm.graph().symbol_bindings()) {}
 
   SizeValues key_of(const std::vector<at::Tensor>& inputs) const {
     SizeValues key;
@@ -96,7 +75,7 @@ class PerShape {
   // that copy for the next calls with these sizes. Returns this call's results.
   std::vector<at::Tensor> specialize(const SizeValues& key, std::vector<at::Tensor> inputs) {
     auto gm = std::shared_ptr<GraphModule>(ir::copy_module(gm_));
-    gm->graph().clear_symbols();
+    gm->graph().clear_symbols(gm_.graph().symbol_values(inputs));  // size expressions take these sizes' values
     std::unordered_map<const ir::Node*, std::vector<ir::TensorMeta>> seen;
     std::vector<at::Tensor> outputs;
     {

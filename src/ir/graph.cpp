@@ -168,6 +168,40 @@ const c10::IValue& Argument::constant() const {
   return constant_;
 }
 
+std::optional<std::vector<int64_t>> int_values(const c10::IValue& v) {
+  if (v.isInt()) return std::vector<int64_t>{v.toInt()};
+  if (v.isIntList()) return v.toIntVector();
+  if (v.isList()) {
+    std::vector<int64_t> out;
+    for (const c10::IValue& e : v.toList()) {
+      if (!e.isInt()) return std::nullopt;
+      out.push_back(e.toInt());
+    }
+    return out;
+  }
+  return std::nullopt;
+}
+
+Argument Argument::size_expression(std::vector<SymExpr> exprs, c10::IValue example) {
+  const auto ints = int_values(example);
+  TORCH_CHECK(ints && !exprs.empty() && ints->size() == exprs.size() && (example.isInt() ? exprs.size() == 1 : true),
+              "Argument::size_expression: expected one expression per integer of an int or int list, got ",
+              exprs.size(), " expressions for ", example.tagKind());
+  Argument a(std::move(example));
+  a.sym_ = std::move(exprs);
+  return a;
+}
+
+c10::IValue Argument::constant_at(const std::function<int64_t(const std::string&)>& symbol_value) const {
+  TORCH_CHECK(kind_ == Kind::Constant, "argument is not a constant");
+  if (sym_.empty()) return constant_;
+  if (constant_.isInt()) return sym_[0].evaluate(symbol_value);
+  c10::List<int64_t> out;
+  out.reserve(sym_.size());
+  for (const SymExpr& e : sym_) out.push_back(e.evaluate(symbol_value));
+  return out;
+}
+
 const Value& Argument::value() const {
   TORCH_CHECK(kind_ == Kind::Value, "argument is not a value");
   return value_;
@@ -359,11 +393,47 @@ std::map<std::string, int64_t> Graph::symbol_values(const std::vector<at::Tensor
   return out;
 }
 
-void Graph::clear_symbols() {
-  for (const auto& n : nodes_)
+void Graph::clear_symbols() { clear_symbols(symbol_examples()); }
+
+void Graph::clear_symbols(const std::map<std::string, int64_t>& values) {
+  for (const auto& n : nodes_) {
     for (TensorMeta& m : n->output_meta_) m.sym_sizes.clear(), m.sym_strides.clear();
+    for (Argument& a : n->args_)
+      if (a.is_size_expression()) a = Argument(a.constant_at([&](const std::string& s) {
+                                    auto it = values.find(s);
+                                    TORCH_CHECK(it != values.end(), "Graph::clear_symbols: no value for the size symbol ", s);
+                                    return it->second;
+                                  }));
+  }
   for (const SizeSymbolDecl& s : symbols_) names_.erase(s.name);
   symbols_.clear();
+}
+
+bool Graph::has_size_expressions() const {
+  for (const auto& n : nodes_)
+    for (const Argument& a : n->args_)
+      if (a.is_size_expression()) return true;
+  return false;
+}
+
+std::vector<std::pair<size_t, int64_t>> Graph::symbol_bindings() const {
+  std::vector<std::pair<size_t, int64_t>> out(symbols_.size(), {SIZE_MAX, 0});
+  size_t input = 0;
+  for (const auto& n : nodes_) {
+    if (n->kind() != NodeKind::Placeholder) continue;
+    const TensorMeta& m = n->output_meta_.at(0);
+    for (size_t d = 0; d < m.sym_sizes.size(); ++d) {
+      const auto s = m.sym_sizes[d].as_symbol();
+      if (!s) continue;
+      for (size_t k = 0; k < symbols_.size(); ++k)
+        if (symbols_[k].name == *s && out[k].first == SIZE_MAX) out[k] = {input, static_cast<int64_t>(d)};
+    }
+    ++input;
+  }
+  for (size_t k = 0; k < out.size(); ++k)
+    TORCH_CHECK(out[k].first != SIZE_MAX, "Graph::symbol_bindings: no placeholder dimension binds the size symbol ",
+                symbols_[k].name);
+  return out;
 }
 
 void Node::set_output_meta(size_t i, TensorMeta meta) {

@@ -39,6 +39,8 @@ struct Interpreter::Plan {
   std::vector<const Node*> nodes;  // each step's node, for describe()
   std::vector<User> users;
   std::vector<uint32_t> output_slots;
+  // Graphs with size expressions as arguments: where each symbol is bound (input, dimension).
+  std::vector<std::pair<size_t, int64_t>> symbol_bindings;
 };
 
 Interpreter::Interpreter(const GraphModule& gm) : gm_(gm) { prepare(); }
@@ -156,6 +158,7 @@ void Interpreter::prepare() {
       }
     }
   }
+  if (gm.graph().has_size_expressions()) p.symbol_bindings = gm.graph().symbol_bindings();
   last_use.resize(p.num_slots, SIZE_MAX - 1);
   for (uint32_t s = 0; s < p.num_slots; ++s) {
     if (last_use[s] < p.steps.size()) p.steps[last_use[s]].free_after.push_back(s);
@@ -187,6 +190,15 @@ std::vector<at::Tensor> Interpreter::run(std::vector<at::Tensor> inputs) const {
   // Decided once per call from the inputs; an attribute that may carry a forward gradient turns
   // it off from its get_attr on (no earlier step can read it).
   bool below_autograd = may_dispatch_below_autograd(inputs.data(), inputs.size());
+  // The size symbols' values in this call, for size-expression arguments.
+  c10::SmallVector<int64_t, 8> symbols;
+  for (const auto& [input, dim] : p.symbol_bindings) {
+    const at::Tensor& t = inputs[input];
+    TORCH_CHECK(t.defined() && dim < t.dim(), "graph input ", input, " should have a dimension ", dim,
+                " (it binds a size symbol), got ", t.defined() ? std::to_string(t.dim()) + " dimensions" : "an undefined tensor");
+    symbols.push_back(t.size(dim));
+  }
+  const int64_t* symbol_values = symbols.empty() ? nullptr : symbols.data();
   c10::SmallVector<at::Tensor, 64> slots(p.num_slots);
   for (size_t i = 0; i < inputs.size(); ++i) slots[p.input_slots[i]] = std::move(inputs[i]);
   inputs.clear();
@@ -210,11 +222,11 @@ std::vector<at::Tensor> Interpreter::run(std::vector<at::Tensor> inputs) const {
         break;
       }
       case Plan::Kind::Call:
-        step.call->run(slots.data(), stack, below_autograd);
+        step.call->run(slots.data(), stack, below_autograd, symbol_values);
         break;
       case Plan::Kind::User: {
         const Plan::User& user = p.users[step.user];
-        step.call->run_instead(*user.fn, *user.node, slots.data(), stack);
+        step.call->run_instead(*user.fn, *user.node, slots.data(), stack, symbol_values);
         break;
       }
     }

@@ -32,6 +32,25 @@ OpStep::OpStep(const Node& n, const std::function<uint32_t(const Value&)>& slot_
     const c10::TypePtr& type = schema.arguments()[i].type();
     if (a.is_constant()) {
       stack_template_[i] = a.constant();
+      if (a.is_size_expression()) {
+        if (symbol_names_.empty())
+          for (const SizeSymbolDecl& sym : n.owning_graph()->symbols()) symbol_names_.push_back(sym.name);
+        SizeArg sa{static_cast<uint32_t>(i), a.constant().isInt(), {}};
+        for (const SymExpr& e : a.sym_ints()) {
+          SizeArg::Int x;
+          if (auto c = e.constant()) {
+            x.constant = *c;
+          } else if (auto name = e.as_symbol()) {
+            auto it = std::find(symbol_names_.begin(), symbol_names_.end(), *name);
+            TORCH_CHECK(it != symbol_names_.end(), "OpStep: node '", n.name(), "' uses the undeclared size symbol ", *name);
+            x.symbol = static_cast<int32_t>(it - symbol_names_.begin());
+          } else {
+            x.expr = e;
+          }
+          sa.ints.push_back(std::move(x));
+        }
+        size_args_.push_back(std::move(sa));
+      }
     } else if (a.is_value()) {
       const uint32_t s = slot_of(a.value());
       reads_.push_back(s);
@@ -83,7 +102,9 @@ void OpStep::prepare_scalar_operand(const Node& n) {
   if (name.overload_name != "Scalar" ||
       (name.name != "aten::add" && name.name != "aten::sub" && name.name != "aten::mul" && name.name != "aten::div"))
     return;
-  if (n.args().size() < 2 || !n.args()[0].is_value() || !n.args()[1].is_constant() || tensor_args_.empty()) return;
+  if (n.args().size() < 2 || !n.args()[0].is_value() || !n.args()[1].is_constant() ||
+      n.args()[1].is_size_expression() || tensor_args_.empty())
+    return;
   const c10::IValue& other = n.args()[1].constant();
   if (!other.isDouble() && !other.isInt()) return;
   const Value self = n.args()[0].value();
@@ -201,8 +222,32 @@ C10_ALWAYS_INLINE void OpStep::fill_tensor_args(at::Tensor* slots, torch::jit::S
   }
 }
 
-void OpStep::run(at::Tensor* slots, torch::jit::Stack& stack, bool below_autograd) const {
+void OpStep::put_size_args(torch::jit::Stack& stack, const int64_t* symbols) const {
+  TORCH_CHECK(symbols != nullptr, "node '", name_, "' has size expressions as arguments; run its graph with ",
+              "ir::Interpreter, which gives them the symbols' values (or make the graph static: Graph::clear_symbols)");
+  auto value = [&](const SizeArg::Int& x) -> int64_t {
+    if (x.symbol >= 0) return symbols[x.symbol];
+    if (!x.expr) return x.constant;
+    return x.expr->evaluate([&](const std::string& name) {
+      auto it = std::find(symbol_names_.begin(), symbol_names_.end(), name);
+      return symbols[it - symbol_names_.begin()];
+    });
+  };
+  for (const SizeArg& sa : size_args_) {
+    if (sa.scalar) {
+      stack[sa.stack_index] = value(sa.ints[0]);
+      continue;
+    }
+    c10::List<int64_t> list;
+    list.reserve(sa.ints.size());
+    for (const SizeArg::Int& x : sa.ints) list.push_back(value(x));
+    stack[sa.stack_index] = std::move(list);
+  }
+}
+
+void OpStep::run(at::Tensor* slots, torch::jit::Stack& stack, bool below_autograd, const int64_t* symbols) const {
   stack = stack_template_;
+  if (!size_args_.empty()) put_size_args(stack, symbols);
   const c10::OperatorHandle* op = &op_;
   const std::optional<c10::OperatorHandle>* inplace_op = &inplace_op_;
   if (scalar_as_tensor_ && below_autograd) {
@@ -236,8 +281,10 @@ void OpStep::run(at::Tensor* slots, torch::jit::Stack& stack, bool below_autogra
   stack.clear();
 }
 
-void OpStep::run_instead(const NodeFn& fn, const Node& n, at::Tensor* slots, torch::jit::Stack& stack) const {
+void OpStep::run_instead(const NodeFn& fn, const Node& n, at::Tensor* slots, torch::jit::Stack& stack,
+                         const int64_t* symbols) const {
   stack = stack_template_;
+  if (!size_args_.empty()) put_size_args(stack, symbols);
   fill_tensor_args(slots, stack, /*skip_self=*/false);
   std::vector<at::Tensor> outs = fn(n, stack);
   stack.clear();

@@ -23,7 +23,8 @@ namespace {
 
 // A literal or reference as written, before it meets a schema type.
 struct Expr {
-  enum class Kind { None, Bool, Int, Double, Complex, String, Ref, List, Tuple, Enum, Device };
+  // SizeExpr: `%(2*s0 + 1)`, a size expression (a symbol alone is written as a Ref, `%s0`).
+  enum class Kind { None, Bool, Int, Double, Complex, String, Ref, List, Tuple, Enum, Device, SizeExpr };
   Kind kind = Kind::None;
   bool b = false;
   int64_t i = 0;
@@ -339,6 +340,21 @@ class LineParser {
   Expr expr_inner() {
     char c = peek();
     Expr e;
+    if (c == '%' && pos_ + 1 < s_.size() && s_[pos_ + 1] == '(') {
+      // `%(s0*8)`: the expression up to the matching parenthesis.
+      pos_ += 2;
+      const size_t start = pos_;
+      int depth = 1;
+      while (pos_ < s_.size() && depth > 0) {
+        if (s_[pos_] == '(') ++depth;
+        if (s_[pos_] == ')') --depth;
+        ++pos_;
+      }
+      if (depth != 0) fail("')' closing a size expression '%('");
+      e.kind = Expr::Kind::SizeExpr;
+      e.s = s_.substr(start, pos_ - 1 - start);
+      return e;
+    }
     if (c == '%') {
       ++pos_;
       e.kind = Expr::Kind::Ref;
@@ -559,7 +575,8 @@ class GraphParser {
         for (const auto& x : e.items) l.push_back(generic(x, line));
         return l;
       }
-      case Expr::Kind::Ref: break;
+      case Expr::Kind::Ref:
+      case Expr::Kind::SizeExpr: break;
     }
     fail_at(line, "expected a constant, got '" + e.text + "'");
   }
@@ -701,7 +718,56 @@ class GraphParser {
         return values;
       }
     }
+    if (auto a = size_expression(e, formal.real_type(), what, line)) return *a;
     return typed(e, formal.real_type(), what, line, formal.N() ? static_cast<int64_t>(*formal.N()) : -1);
+  }
+
+  // An int or int-list argument that uses size symbols (`%s0`, `[%s0, -1]`, `%(8*s0)`): a size
+  // expression whose example value is the expressions' value for the symbols' example values.
+  std::optional<Argument> size_expression(const Expr& e, const c10::TypePtr& type, const std::string& what, int line) {
+    c10::TypePtr t = type;
+    if (auto opt = t->cast<c10::OptionalType>()) t = opt->getElementType();
+    // A Scalar holding an int (arange's `end`) may be one too.
+    const bool is_int = t->kind() == c10::TypeKind::IntType || t->kind() == c10::TypeKind::SymIntType ||
+                        t->kind() == c10::TypeKind::NumberType;
+    const auto list = t->cast<c10::ListType>();
+    const bool is_int_list = list && (list->getElementType()->kind() == c10::TypeKind::IntType ||
+                                      list->getElementType()->kind() == c10::TypeKind::SymIntType);
+    auto symbolic = [&](const Expr& x) {
+      return x.kind == Expr::Kind::SizeExpr || (x.kind == Expr::Kind::Ref && symbol_values_.count(x.s) != 0);
+    };
+    auto expr_of = [&](const Expr& x) -> SymExpr {
+      if (x.kind == Expr::Kind::Int) return SymExpr(x.i);
+      if (!symbolic(x)) fail_at(line, what + " expects integers or size expressions like %s0, got '" + x.text + "'");
+      SymExpr ex;
+      try {
+        ex = SymExpr::parse(x.s);
+      } catch (const c10::Error&) {
+        fail_at(line, "expected a size expression like %(2*s0 + 1) in " + what + ", got '" + x.text + "'");
+      }
+      for (const std::string& name : ex.symbols())
+        if (!symbol_values_.count(name))
+          fail_at(line, what + " uses '" + name + "', which is not a size symbol declared before it");
+      return ex;
+    };
+    auto example = [&](const SymExpr& ex) { return ex.evaluate(symbol_values_); };
+    if (is_int && symbolic(e)) {
+      const SymExpr ex = expr_of(e);
+      return Argument::size_expression({ex}, example(ex));
+    }
+    if (is_int_list && (e.kind == Expr::Kind::List || e.kind == Expr::Kind::Tuple)) {
+      bool any = false;
+      for (const Expr& x : e.items) any = any || symbolic(x);
+      if (!any) return std::nullopt;
+      std::vector<SymExpr> exprs;
+      c10::List<int64_t> values;
+      for (const Expr& x : e.items) {
+        exprs.push_back(expr_of(x));
+        values.push_back(example(exprs.back()));
+      }
+      return Argument::size_expression(std::move(exprs), values);
+    }
+    return std::nullopt;
   }
 
   Argument untyped_argument(const Expr& e, int line) {

@@ -105,6 +105,20 @@ void lint_symbols(const Graph& g) {
       for (const SymExpr& e : m.sym_sizes)
         if (auto s = e.as_symbol()) bound.insert(*s);
     }
+    for (size_t i = 0; i < n.args().size(); ++i) {
+      const Argument& a = n.args()[i];
+      if (!a.is_constant() || !a.is_size_expression()) continue;
+      const auto ints = int_values(a.constant());
+      LINT_CHECK(ints && ints->size() == a.sym_ints().size(), n, "argument ", i,
+                 ": a size expression needs one expression per integer");
+      for (size_t j = 0; j < a.sym_ints().size(); ++j) {
+        const SymExpr& e = a.sym_ints()[j];
+        for (const std::string& s : e.symbols())
+          LINT_CHECK(examples.count(s) != 0, n, "argument ", i, " uses the size symbol ", s, ", which is not declared");
+        LINT_CHECK(e.evaluate(examples) == (*ints)[j], n, "argument ", i, ": ", e.str(), " is ", e.evaluate(examples),
+                   " for the symbols' example values, but the argument's example value is ", (*ints)[j]);
+      }
+    }
   }
   for (const SizeSymbolDecl& s : g.symbols())
     TORCH_CHECK(bound.count(s.name) != 0, "lint: size symbol ", s.name,

@@ -85,6 +85,20 @@ std::string value_repr(const Value& v, const char* prefix) {
   return s;
 }
 
+// A size expression: `s0`, `[s0, -1]`, `[s0*8, s1, 64]` (FX prints its symbolic ints so). The
+// text format marks symbols as references: `%s0`, `%(8*s0)`.
+std::string size_expression_repr(const Argument& a, const char* prefix) {
+  auto one = [&](const SymExpr& e) -> std::string {
+    if (e.is_constant() || prefix[0] == '\0') return e.str();
+    if (e.as_symbol()) return prefix + e.str();
+    return std::string(prefix) + "(" + e.str() + ")";
+  };
+  if (a.constant().isInt()) return one(a.sym_ints().at(0));
+  std::string s = "[";
+  for (size_t i = 0; i < a.sym_ints().size(); ++i) s += (i ? ", " : "") + one(a.sym_ints()[i]);
+  return s + "]";
+}
+
 std::string arg_repr(const Argument& a, const c10::TypePtr& real_type, const char* prefix) {
   switch (a.kind()) {
     case Argument::Kind::Value: return value_repr(a.value(), prefix);
@@ -96,13 +110,15 @@ std::string arg_repr(const Argument& a, const c10::TypePtr& real_type, const cha
       }
       return s + "]";
     }
-    case Argument::Kind::Constant: return real_type ? typed_repr(a.constant(), real_type) : constant_repr(a.constant());
+    case Argument::Kind::Constant:
+      if (a.is_size_expression()) return size_expression_repr(a, prefix);
+      return real_type ? typed_repr(a.constant(), real_type) : constant_repr(a.constant());
   }
   TORCH_INTERNAL_ASSERT(false, "unknown argument kind");
 }
 
 bool is_default(const Argument& a, const c10::Argument& formal) {
-  if (!formal.default_value() || !a.is_constant()) return false;
+  if (!formal.default_value() || !a.is_constant() || a.is_size_expression()) return false;
   return typed_repr(a.constant(), formal.real_type()) == typed_repr(*formal.default_value(), formal.real_type());
 }
 

@@ -31,7 +31,7 @@ Node* copy_node(Graph& dst, const Node& n, const std::function<Value(const Value
       for (const auto& e : a.list()) list.push_back(e ? std::optional<Value>(map(*e)) : std::nullopt);
       args.emplace_back(std::move(list));
     } else {
-      args.emplace_back(a.constant());
+      args.push_back(a);  // a size expression stays one
     }
   }
   Node* copy = nullptr;

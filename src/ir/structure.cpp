@@ -139,6 +139,10 @@ GraphKey::GraphKey(const Graph& g) {
         case Argument::Kind::Constant:
           w.tag('c');
           write_constant(w, a.constant());
+          if (a.is_size_expression()) {
+            w.tag('s');
+            for (const SymExpr& e : a.sym_ints()) w.str(e.str());
+          }
           break;
         case Argument::Kind::Value:
           w.tag('v');

@@ -60,7 +60,15 @@ const std::string& CompiledEntry::eager_reason() const {
 }
 
 std::vector<std::string> CompiledEntry::size_symbols() const {
-  if (replays_) return replays_->plan.describe();
+  if (replays_) {
+    std::vector<std::string> lines = replays_->plan.describe();
+    if (replays_->general)
+      lines.push_back("one graph with size expressions (compiled once) serves every new size whose trace records it (" +
+                      std::to_string(replays_->general_hits) + " new sizes so far)");
+    else if (!replays_->general_reason.empty())
+      lines.push_back("no graph for every size: " + replays_->general_reason);
+    return lines;
+  }
   if (!root_ || !root_->dynamic) return {};
   std::vector<std::string> lines = root_->dynamic->plan().describe();
   if (!root_->dynamic->symbolic())
@@ -73,7 +81,10 @@ size_t CompiledEntry::num_specializations() const {
   return root_ && root_->dynamic ? root_->dynamic->num_specializations() : 0;
 }
 
-bool CompiledEntry::symbolic_graph() const { return root_ && root_->dynamic && root_->dynamic->symbolic(); }
+bool CompiledEntry::symbolic_graph() const {
+  if (replays_) return replays_->general != nullptr;
+  return root_ && root_->dynamic && root_->dynamic->symbolic();
+}
 
 const CompiledEntry& CompiledEntry::described() const {
   return replays_ && replays_->first ? *replays_->first : *this;
@@ -195,6 +206,41 @@ std::string decline_reasons(const CompileReport& report) {
   return out;
 }
 
+// A dynamic entry's root segment compiled from `generic` (its graph with size symbols if
+// `static_reason` is empty, else the static graph): its function becomes a ShapeSpecializations
+// serving every size. A backend that declined the symbols compiles the static graph instead.
+// Returns "" or why the backend failed.
+std::string serve_all_sizes(Segment& root, DynamicPlan plan, std::shared_ptr<GraphModule> generic,
+                            std::string static_reason, const TracedRun& traced, const Backend& backend,
+                            const std::string& backend_name, const std::string& owner) {
+  bool symbolic = static_reason.empty();
+  if (symbolic && declined_symbols(root.report)) {
+    // The backend declined the graph with symbols: it gets the static graph, one per size.
+    static_reason = "backend '" + backend_name + "' declined the graph with size symbols (" +
+                    decline_reasons(root.report) + ")";
+    TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", owner, "): ", static_reason,
+                     "; it compiles the static graph, once per size");
+    root.gm->graph().clear_symbols();
+    std::vector<at::Tensor> example_inputs;
+    for (uint32_t slot : root.input_slots) example_inputs.push_back(traced.slots.at(slot));
+    try {
+      compile_stage::CompiledGraph compiled =
+          compile_stage::compile_graph(*root.gm, example_inputs, backend, backend_name, owner);
+      root.fn = std::move(compiled.fn);
+      root.report = std::move(compiled.report);
+    } catch (const std::exception& e) {
+      return "backend '" + backend_name + "' failed to compile: " + support::error_message(e);
+    }
+    symbolic = false;
+  }
+  if (symbolic) generic = root.gm;  // the graph with symbols, as compiled (explain, result sizes)
+  auto shapes = std::make_shared<ShapeSpecializations>(std::move(plan), std::move(generic), backend, backend_name,
+                                                       owner, std::move(root.fn), symbolic, static_reason);
+  root.dynamic = shapes;
+  root.fn = [shapes](const std::vector<at::Tensor>& inputs) { return (*shapes)(inputs); };
+  return "";
+}
+
 }  // namespace
 
 std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, const ForwardFn& forward,
@@ -258,6 +304,7 @@ std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, 
                                              : "the graph stays static, compiled per size: " + static_reason);
   }
   if (!plan.empty()) guards->make_symbolic(plan);
+  std::shared_ptr<GraphModule> sample;  // see below
   auto insert = [&](std::unique_ptr<Segment> root, std::string eager_reason) {
     std::shared_ptr<GuardSet> shared_guards = std::move(guards);
     std::shared_ptr<CompiledEntry> entry;
@@ -267,6 +314,7 @@ std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, 
       replays->plan = std::move(plan);
       replays->first = std::make_shared<CompiledEntry>(shared_guards, std::move(root), names, "");
       replays->trees.insert(replays->plan.traced_key(), replays->first);
+      if (sample) replays->samples.emplace_back(std::move(sample), replays->plan.traced_key());
       entry = std::make_shared<CompiledEntry>(shared_guards, nullptr, names, "");
       entry->replays_ = std::move(replays);
     } else {
@@ -286,6 +334,9 @@ std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, 
     insert(nullptr, traced.failure);
     return traced.outputs;
   }
+  // A dynamic entry that runs the forward again at new sizes keeps the graph as traced: with the
+  // next sizes' it may become one graph for every size (run_replayed).
+  if (plan.replays_forward() && traced.records.size() == 1) sample = ir::copy_module(*traced.records.front().gm);
   std::string failure;
   auto root = compile_chain(traced, 0, spec, backend_, options_.backend, name_, failure);
   if (!root) {
@@ -294,36 +345,13 @@ std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, 
     return traced.outputs;
   }
   if (generic) {
-    bool symbolic = static_reason.empty();
-    if (symbolic && declined_symbols(root->report)) {
-      // The backend declined the graph with symbols: it gets the static graph, one per size.
-      static_reason = "backend '" + options_.backend + "' declined the graph with size symbols (" +
-                      decline_reasons(root->report) + ")";
-      TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", name_, "): ", static_reason,
-                       "; it compiles the static graph, once per size");
-      root->gm->graph().clear_symbols();
-      std::vector<at::Tensor> example_inputs;
-      for (uint32_t slot : root->input_slots) example_inputs.push_back(traced.slots.at(slot));
-      try {
-        compile_stage::CompiledGraph compiled =
-            compile_stage::compile_graph(*root->gm, example_inputs, backend_, options_.backend, name_);
-        root->fn = std::move(compiled.fn);
-        root->report = std::move(compiled.report);
-      } catch (const std::exception& e) {
-        const std::string failure =
-            "backend '" + options_.backend + "' failed to compile: " + support::error_message(e);
-        warn_once("backend", failure + "; running eagerly");
-        insert(nullptr, failure);
-        return traced.outputs;
-      }
-      symbolic = false;
+    std::string failure =
+        serve_all_sizes(*root, std::move(plan), std::move(generic), static_reason, traced, backend_, options_.backend, name_);
+    if (!failure.empty()) {
+      warn_once("backend", failure + "; running eagerly");
+      insert(nullptr, failure);
+      return traced.outputs;
     }
-    if (symbolic) generic = root->gm;  // the graph with symbols, as compiled (explain, result sizes)
-    auto shapes = std::make_shared<ShapeSpecializations>(std::move(plan), std::move(generic), backend_,
-                                                         options_.backend, name_, std::move(root->fn), symbolic,
-                                                         static_reason);
-    root->dynamic = shapes;
-    root->fn = [shapes](const std::vector<at::Tensor>& inputs) { return (*shapes)(inputs); };
   }
   insert(std::move(root), "");
   return traced.outputs;
@@ -338,27 +366,102 @@ std::vector<at::Tensor> CompiledFunction::run_replayed(const CompiledEntry& entr
     // One trace at a time per compiled object; a thread that waited may find these sizes traced.
     std::unique_lock<std::mutex> tracing(trace_mutex_);
     tree = replays.trees.find(key);
-    if (!tree) {
-      // The forward at these sizes, host code included: its integers and branches are those of
-      // these sizes, as in a static entry's trace. Modules whose hooks it crosses join the
-      // entry's guards.
-      TracedRun traced = trace_forward(*this, entry.guards(), args, forward, spec, entry.input_names_);
-      std::string failure = traced.failure;
-      std::unique_ptr<Segment> root;
-      if (failure.empty()) root = compile_chain(traced, 0, spec, backend_, options_.backend, name_, failure);
-      const bool eager = root == nullptr;
-      const size_t count =
-          replays.trees.insert(key, std::make_shared<CompiledEntry>(entry.guards_, std::move(root), entry.input_names_,
-                                                                    failure));
-      if (eager) warn_once("replay:" + failure, failure + "; those sizes run eagerly");
-      TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", name_, "): new sizes ", replays.plan.key_str(key),
-                       ": traced the forward again", eager ? " (" + failure + "; these sizes run eagerly)" : "",
-                       " (", count, " sizes compiled)");
-      return traced.outputs;
-    }
+    if (!tree) return trace_new_sizes(entry, args, forward, spec);
   }
   if (tree->runs_eagerly()) return forward(spec);
   return run_entry(*tree, args, forward, spec);
+}
+
+std::vector<at::Tensor> CompiledFunction::trace_new_sizes(const CompiledEntry& entry, const CallArgs& args,
+                                                          const ForwardFn& forward, OutputSpec& spec) {
+  ForwardReplays& replays = *entry.replays_;
+  const SizeKey key = replays.plan.key_of(args.tensors);
+  // The forward at these sizes, host code included: its integers and branches are those of these
+  // sizes, as in a static entry's trace. Modules whose hooks it crosses join the entry's guards.
+  TracedRun traced = trace_forward(*this, entry.guards(), args, forward, spec, entry.input_names_);
+  std::string failure = traced.failure;
+  const bool one_segment = failure.empty() && traced.records.size() == 1;
+  DynamicPlan general_plan;  // the plan of the graph with size expressions
+  auto add_tree = [&](std::shared_ptr<const CompiledEntry> tree, const std::string& how) {
+    const size_t count = replays.trees.insert(key, std::move(tree));
+    TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", name_, "): new sizes ", replays.plan.key_str(key),
+                     ": traced the forward again", how, " (", count, " sizes traced)");
+  };
+  // The graph with size expressions is this trace's graph at these sizes: nothing to compile.
+  if (replays.general && one_segment) {
+    std::string why = same_graph_at(*replays.general_graph, *traced.records.front().gm, traced.slots);
+    if (why.empty()) {
+      ++replays.general_hits;
+      add_tree(replays.general, ", the same graph as the one with size expressions: no compile");
+      return traced.outputs;
+    }
+    TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", name_, "): at ", replays.plan.key_str(key),
+                     " the forward records another graph than the one with size expressions (", why,
+                     "); these sizes get their own");
+  }
+  // At the first sizes: keep the graph, and once the traces tell which integers are which
+  // expressions of the sizes, make one graph for every size. Until then a new size's trace is
+  // not compiled (it is this call's result; a later call at those sizes compiles it).
+  std::unique_ptr<GraphModule> general;
+  if (!replays.general && replays.general_reason.empty() && one_segment) {
+    bool seen = false;
+    for (const auto& sample : replays.samples) seen = seen || sample.second == key;
+    if (!seen && !replays.samples.empty()) {
+      general = ir::copy_module(*traced.records.front().gm);
+      std::vector<std::pair<const ir::Graph*, SizeKey>> samples;
+      for (const auto& [gm, k] : replays.samples) samples.emplace_back(&gm->graph(), k);
+      DynamicPlan plan = replays.plan;
+      std::string why = generalize(*general, samples, key, plan, traced.slots, name_);
+      if (why.empty()) {
+        general_plan = std::move(plan);
+      } else {
+        general.reset();
+        const size_t max_samples = std::max<size_t>(3, replays.plan.symbols.size() + 2);
+        const bool more = why.rfind(kGeneralizeNeedsMoreSizes, 0) == 0 && replays.samples.size() + 1 < max_samples;
+        TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", name_, "): no graph for every size yet: ", why,
+                         more ? "; the next new size's trace tells more" : "; every new size is compiled");
+        if (more) {
+          replays.samples.emplace_back(ir::copy_module(*traced.records.front().gm), key);
+          const size_t count = replays.trees.size();
+          TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", name_, "): new sizes ",
+                           replays.plan.key_str(key), ": traced the forward again, kept to compare (", count,
+                           " sizes compiled)");
+          return traced.outputs;
+        }
+        replays.general_reason = why;
+        replays.samples.clear();
+      }
+    } else if (!seen) {
+      replays.samples.emplace_back(ir::copy_module(*traced.records.front().gm), key);
+    }
+  }
+  std::unique_ptr<Segment> root;
+  if (general) {
+    std::shared_ptr<GraphModule> as_generalized = ir::copy_module(*general);
+    traced.records.front().gm = std::move(general);
+    root = compile_chain(traced, 0, spec, backend_, options_.backend, name_, failure);
+    if (root)
+      failure = serve_all_sizes(*root, std::move(general_plan), as_generalized, "", traced, backend_, options_.backend, name_);
+    if (root && failure.empty()) {
+      auto tree = std::make_shared<CompiledEntry>(entry.guards_, std::move(root), entry.input_names_, "");
+      replays.general = tree;
+      replays.general_graph = std::move(as_generalized);
+      replays.samples.clear();
+      add_tree(std::move(tree), ", and made one graph with size expressions for every size: compiled once");
+      return traced.outputs;
+    }
+    replays.general_reason = failure.empty() ? "compiling it failed" : failure;
+    warn_once("replay:" + failure, failure + "; those sizes run eagerly");
+    add_tree(std::make_shared<CompiledEntry>(entry.guards_, nullptr, entry.input_names_, failure),
+             " (" + failure + "; these sizes run eagerly)");
+    return traced.outputs;
+  }
+  if (failure.empty()) root = compile_chain(traced, 0, spec, backend_, options_.backend, name_, failure);
+  const bool eager = root == nullptr;
+  if (eager) warn_once("replay:" + failure, failure + "; those sizes run eagerly");
+  add_tree(std::make_shared<CompiledEntry>(entry.guards_, std::move(root), entry.input_names_, failure),
+           eager ? " (" + failure + "; these sizes run eagerly)" : "");
+  return traced.outputs;
 }
 
 size_t CompiledFunction::num_entries() const {

@@ -139,6 +139,26 @@ DynamicPlan plan_symbols(const std::vector<Candidate>& candidates, uint64_t read
 std::string make_symbolic(GraphModule& gm, DynamicPlan& plan, const std::vector<at::Tensor>& inputs,
                           const std::string& owner);
 
+/// Step 4b made general: `gm` is the forward traced at sizes `key` (one segment), `samples` the
+/// same forward traced at other sizes. If every sample records the same nodes with the same
+/// arguments except integers, and each integer is an expression of the symbols at every point
+/// (fitted as make_symbolic fits sizes), those integers become size expressions of `gm`
+/// (`view(x, [s0, -1])`), `gm` gets the plan's symbols and symbolic metadata (make_symbolic),
+/// and "" is returned; otherwise why not (then `gm` is to be discarded). The result is a guess
+/// that holds at the samples' sizes: the runtime checks it at every new size (same_graph_at).
+/// `plan` is the entry's; on success it becomes the plan of `gm`'s symbols: those that took
+/// other values in the samples (renamed s0, s1, ... in order; the others stay static in `gm`).
+/// A reason starting with kGeneralizeNeedsMoreSizes means more samples may succeed.
+std::string generalize(GraphModule& gm, const std::vector<std::pair<const ir::Graph*, SizeKey>>& samples,
+                       const SizeKey& key, DynamicPlan& plan, const std::vector<at::Tensor>& inputs,
+                       const std::string& owner);
+extern const char* const kGeneralizeNeedsMoreSizes;
+
+/// Whether `traced` (the forward traced on `inputs`) is `symbolic` (a generalized graph) at the
+/// sizes of `inputs`: the same nodes, the same constants, and size expressions whose values are
+/// the integers traced. Returns "" or the first difference.
+std::string same_graph_at(const GraphModule& symbolic, const GraphModule& traced, const std::vector<at::Tensor>& inputs);
+
 /// The compiled forms of a dynamic entry's graph: one for every size (the backend compiled the
 /// graph with size symbols), or one per combination of symbol values (the backend received a
 /// static graph: it declined the graph with symbols, or the graph could not be given them).
@@ -194,10 +214,23 @@ class ShapeSpecializations {
 /// A dynamic entry whose graph may depend on its symbols' values (step 4b): one trace tree per
 /// combination of values, each traced by running the forward at those sizes. The trees share
 /// the entry's guards (a retrace adds the modules whose hooks it crossed).
+///
+/// The graphs traced at the first sizes are kept as samples; from the second size on,
+/// generalize() tries to make one graph with size expressions of them, compiled once
+/// (`general`); until the traces tell the expressions apart, a new size's trace is not compiled.
+/// From then on a new combination of values still runs the forward under the tracer (host code
+/// decides as it would at those sizes), but when the recorded graph is `general` at those sizes
+/// (same_graph_at) the backend is not called again: those sizes run `general`'s tree.
 struct ForwardReplays {
   DynamicPlan plan;
   BySize<std::shared_ptr<const CompiledEntry>> trees;
   std::shared_ptr<const CompiledEntry> first;  // the first trace's tree (explain, graph_module)
+  /// Graphs traced at the first sizes (one segment each), as recorded, with their sizes.
+  std::vector<std::pair<std::shared_ptr<GraphModule>, SizeKey>> samples;
+  std::shared_ptr<GraphModule> general_graph;     // the graph with size expressions, as generalized
+  std::shared_ptr<const CompiledEntry> general;  // its compiled tree
+  std::string general_reason;                    // why there is none (empty: not tried yet)
+  size_t general_hits = 0;                       // new sizes served by `general` without a compile
 };
 
 }  // namespace torchcompile::runtime

@@ -19,6 +19,7 @@
 
 #include <torchcompile/ir/interpreter.h>
 #include <torchcompile/ir/passes.h>
+#include <torchcompile/ir/printer.h>
 #include <torchcompile/ir/split.h>
 #include <torchcompile/support/logging.h>
 
@@ -304,6 +305,9 @@ std::string make_symbolic(GraphModule& gm, DynamicPlan& plan, const std::vector<
                           const std::string& owner) {
   ir::Graph& g = gm.graph();
   if (plan.empty() || plan.replays_forward()) return "the entry replays the forward";
+  // A graph with size expressions (generalize) has its symbols declared already: they cannot be
+  // dropped.
+  const bool declared = !g.symbols().empty();
   for (const auto& n : g.nodes())
     if (n->kind() == ir::NodeKind::CallModule) return "the graph calls the opaque module '" + n->target() + "'";
   at::NoGradGuard no_grad;
@@ -333,6 +337,7 @@ std::string make_symbolic(GraphModule& gm, DynamicPlan& plan, const std::vector<
                          point[k], " (", first_line(e), ")");
       }
     }
+    if (any && declared) return "the graph's ops do not accept other values of a size symbol";
     if (any) plan = without_symbols(plan, drop);
     if (plan.empty()) return "no symbol can take other values";
   }
@@ -441,7 +446,8 @@ std::string make_symbolic(GraphModule& gm, DynamicPlan& plan, const std::vector<
       for (TensorMeta& m : metas) m.sym_sizes.clear(), m.sym_strides.clear();
     fitted.emplace_back(n, std::move(metas));
   }
-  for (const SizeSymbol& s : plan.symbols) g.add_symbol(ir::SizeSymbolDecl{s.name, s.traced, s.min, s.max});
+  if (!declared)
+    for (const SizeSymbol& s : plan.symbols) g.add_symbol(ir::SizeSymbolDecl{s.name, s.traced, s.min, s.max});
   for (auto& [n, metas] : fitted)
     for (size_t o = 0; o < metas.size(); ++o) n->set_output_meta(o, std::move(metas[o]));
   try {
@@ -451,6 +457,253 @@ std::string make_symbolic(GraphModule& gm, DynamicPlan& plan, const std::vector<
     return std::string("the symbolic graph does not lint: ") + e.what();
   }
   return "";
+}
+
+namespace {
+
+std::string describe_node(const ir::Node& n) { return "node '" + n.name() + "' (" + n.target() + ")"; }
+
+// Whether two constants are the same (neither a size expression).
+bool same_constant(const c10::IValue& a, const c10::IValue& b) {
+  if (a.tagKind() != b.tagKind()) return false;
+  try {
+    return a == b;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+// Walks two graphs node by node, calling `on_constant(node of a, argument index, constant of b)`
+// for each constant argument; returns the first structural difference, or "".
+std::string walk_pair(const ir::Graph& a, const ir::Graph& b,
+                      const std::function<std::string(ir::Node&, size_t, const c10::IValue&)>& on_constant) {
+  if (a.size() != b.size())
+    return "the forward recorded " + std::to_string(b.size()) + " nodes instead of " + std::to_string(a.size());
+  std::unordered_map<const ir::Node*, size_t> index_a, index_b;
+  auto ia = a.nodes().begin();
+  auto ib = b.nodes().begin();
+  auto same_value = [&](const ir::Value& x, const ir::Value& y) {
+    auto fx = index_a.find(x.node);
+    auto fy = index_b.find(y.node);
+    return fx != index_a.end() && fy != index_b.end() && fx->second == fy->second && x.index == y.index;
+  };
+  for (size_t k = 0; ia != a.nodes().end(); ++ia, ++ib, ++k) {
+    ir::Node& na = **ia;
+    const ir::Node& nb = **ib;
+    index_a[&na] = k, index_b[&nb] = k;
+    if (na.kind() != nb.kind() || na.target() != nb.target() || na.callable() != nb.callable() ||
+        na.args().size() != nb.args().size() || na.num_outputs() != nb.num_outputs() ||
+        na.return_counts() != nb.return_counts())
+      return describe_node(na) + " became " + describe_node(nb);
+    if (na.kind() == ir::NodeKind::CallModule) return "the graph calls the opaque module '" + na.target() + "'";
+    for (size_t o = 0; o < na.num_outputs(); ++o) {
+      const ir::TensorMeta &ma = na.output_meta()[o], &mb = nb.output_meta()[o];
+      if (ma.defined != mb.defined || ma.dtype != mb.dtype || ma.sizes.size() != mb.sizes.size() ||
+          ma.device != mb.device || ma.requires_grad != mb.requires_grad)
+        return describe_node(na) + " changed the dtype, rank, device or requires_grad of a result";
+    }
+    for (size_t i = 0; i < na.args().size(); ++i) {
+      const ir::Argument &x = na.args()[i], &y = nb.args()[i];
+      if (x.kind() != y.kind()) return "argument " + std::to_string(i) + " of " + describe_node(na) + " changed";
+      if (x.is_value() && !same_value(x.value(), y.value()))
+        return "argument " + std::to_string(i) + " of " + describe_node(na) + " is another value";
+      if (x.is_list()) {
+        bool same = x.list().size() == y.list().size();
+        for (size_t j = 0; same && j < x.list().size(); ++j)
+          same = x.list()[j].has_value() == y.list()[j].has_value() &&
+                 (!x.list()[j] || same_value(*x.list()[j], *y.list()[j]));
+        if (!same) return "argument " + std::to_string(i) + " of " + describe_node(na) + " is another list of values";
+      }
+      if (x.is_constant()) {
+        std::string why = on_constant(na, i, y.constant());
+        if (!why.empty()) return why;
+      }
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+namespace {
+
+// The simplest expression through the points, for generalize: a constant, else `a*s + b` for one
+// symbol, else `a*s*t + b`, else `a*s + c*t + b`, else `a*(s//c) + b`; at the first of these
+// that fits, two different fits make it ambiguous (more sizes are needed to tell them apart).
+std::optional<SymExpr> fit_simplest(const std::vector<Point>& pts, const std::vector<int64_t>& y,
+                                    const std::vector<Feature>& singles, const std::vector<Feature>& products,
+                                    const std::vector<Feature>& floors, bool& ambiguous) {
+  bool constant = true;
+  for (int64_t v : y) constant = constant && v == y[0];
+  if (constant) return SymExpr(y[0]);
+  std::vector<std::function<std::optional<SymExpr>(size_t)>> levels;
+  auto first_fit = [&](const std::vector<std::optional<SymExpr>>& fits) -> std::optional<std::optional<SymExpr>> {
+    std::optional<SymExpr> found;
+    for (const auto& f : fits) {
+      if (!f) continue;
+      if (found && *found != *f) {
+        ambiguous = true;
+        return std::optional<SymExpr>();
+      }
+      found = f;
+    }
+    if (found) return found;
+    return std::nullopt;
+  };
+  std::vector<std::optional<SymExpr>> fits;
+  for (const Feature& f : singles) fits.push_back(fit_affine(f, pts, y));
+  if (auto r = first_fit(fits)) return *r;
+  fits.clear();
+  for (const Feature& f : products) fits.push_back(fit_affine(f, pts, y));
+  if (auto r = first_fit(fits)) return *r;
+  fits.clear();
+  if (pts.size() > 3)  // three points fit any a*s + c*t + b
+    for (size_t i = 0; i < singles.size(); ++i)
+      for (size_t j = i + 1; j < singles.size(); ++j) fits.push_back(fit_sum(singles[i], singles[j], pts, y));
+  if (auto r = first_fit(fits)) return *r;
+  fits.clear();
+  for (const Feature& f : floors) fits.push_back(fit_affine(f, pts, y));
+  if (auto r = first_fit(fits)) return *r;
+  return std::nullopt;
+}
+
+}  // namespace
+
+const char* const kGeneralizeNeedsMoreSizes = "more sizes are needed: ";
+
+std::string generalize(GraphModule& gm, const std::vector<std::pair<const ir::Graph*, SizeKey>>& samples,
+                       const SizeKey& key, DynamicPlan& plan, const std::vector<at::Tensor>& inputs,
+                       const std::string& owner) {
+  ir::Graph& g = gm.graph();
+  // The symbols that took other values in the samples (the others stay static in the graph).
+  std::vector<Point> full;
+  for (const auto& [graph, k] : samples) full.emplace_back(k.begin(), k.end());
+  full.emplace_back(key.begin(), key.end());
+  std::vector<bool> drop(plan.symbols.size(), true);
+  for (size_t k = 0; k < plan.symbols.size(); ++k)
+    for (const Point& p : full) drop[k] = drop[k] && p[k] == full.back()[k];
+  std::vector<size_t> kept;
+  for (size_t k = 0; k < drop.size(); ++k)
+    if (!drop[k]) kept.push_back(k);
+  if (kept.empty()) return std::string(kGeneralizeNeedsMoreSizes) + "no size differs between the traces";
+  DynamicPlan reduced = without_symbols(plan, drop);
+  std::vector<Point> pts;
+  for (const Point& p : full) {
+    Point q;
+    for (size_t k : kept) q.push_back(p[k]);
+    for (const Point& other : pts)
+      if (other == q) return std::string(kGeneralizeNeedsMoreSizes) + "two traces at the same sizes";
+    pts.push_back(std::move(q));
+  }
+  const size_t nsym = kept.size();
+  std::map<std::pair<ir::Node*, size_t>, std::vector<std::vector<int64_t>>> ints;  // (node, arg) -> per sample
+  for (const auto& [graph, k] : samples) {
+    std::string why = walk_pair(g, *graph, [&](ir::Node& n, size_t i, const c10::IValue& other) -> std::string {
+      const c10::IValue& mine = n.args()[i].constant();
+      const auto a = ir::int_values(mine), b = ir::int_values(other);
+      if (a && b && a->size() == b->size() && mine.isInt() == other.isInt()) {
+        ints[{&n, i}].push_back(*b);
+        return "";
+      }
+      if (same_constant(mine, other)) return "";
+      return "argument " + std::to_string(i) + " of " + describe_node(n) + " changed with the sizes";
+    });
+    if (!why.empty()) return why;
+  }
+  std::vector<Feature> singles, products, floors;
+  for (size_t k = 0; k < nsym; ++k)
+    singles.push_back({SymExpr::symbol(reduced.symbols[k].name), [k](const Point& p) { return p[k]; }});
+  for (size_t i = 0; i < nsym; ++i)
+    for (size_t j = i; j < nsym; ++j)
+      products.push_back({singles[i].expr * singles[j].expr, [i, j](const Point& p) { return p[i] * p[j]; }});
+  for (size_t k = 0; k < nsym; ++k)
+    for (int64_t c = 2; c <= 8; ++c)
+      floors.push_back({floordiv(singles[k].expr, c), [k, c](const Point& p) { return floordiv_int(p[k], c); }});
+  std::vector<std::pair<std::pair<ir::Node*, size_t>, std::vector<SymExpr>>> fitted;
+  for (auto& [where, per_sample] : ints) {
+    ir::Node* n = where.first;
+    const std::vector<int64_t> values = *ir::int_values(n->args()[where.second].constant());
+    std::vector<SymExpr> exprs;
+    bool any = false;
+    for (size_t j = 0; j < values.size(); ++j) {
+      std::vector<int64_t> y;
+      for (const auto& s : per_sample) y.push_back(s[j]);
+      y.push_back(values[j]);
+      bool ambiguous = false;
+      std::optional<SymExpr> e = fit_simplest(pts, y, singles, products, floors, ambiguous);
+      const std::string which = "integer " + std::to_string(j) + " of argument " + std::to_string(where.second) +
+                                " of " + describe_node(*n) + " (" + c10::str(c10::IntArrayRef(y)) + ")";
+      if (ambiguous) return std::string(kGeneralizeNeedsMoreSizes) + which + " fits two expressions of the sizes";
+      if (!e) return which + " is no expression of the sizes we fit";
+      any = any || !e->is_constant();
+      exprs.push_back(*e);
+    }
+    if (any) fitted.emplace_back(where, std::move(exprs));
+  }
+  for (auto& [where, exprs] : fitted)
+    where.first->set_arg(where.second,
+                         ir::Argument::size_expression(std::move(exprs), where.first->args()[where.second].constant()));
+  // The symbols, bound by the inputs' dimensions as traced now.
+  for (size_t k = 0; k < nsym; ++k) reduced.symbols[k].traced = key[kept[k]];
+  reduced.replay_reason.clear();
+  for (const SizeSymbol& s : reduced.symbols) g.add_symbol(ir::SizeSymbolDecl{s.name, s.traced, s.min, s.max});
+  size_t input = 0;
+  for (ir::Node* p : g.placeholders()) {
+    ir::TensorMeta m = p->output_meta().at(0);
+    bool symbolic = false;
+    for (const SymbolicDim& d : reduced.dims) symbolic = symbolic || d.input == input;
+    if (symbolic && m.defined) {
+      for (size_t d = 0; d < m.sizes.size(); ++d) {
+        const int k = reduced.symbol_of(static_cast<uint32_t>(input), static_cast<uint32_t>(d));
+        m.sym_sizes.push_back(k >= 0 ? SymExpr::symbol(reduced.symbols[k].name) : SymExpr(m.sizes[d]));
+      }
+      for (int64_t st : m.strides) m.sym_strides.emplace_back(st);
+      p->set_output_meta(0, std::move(m));
+    }
+    ++input;
+  }
+  std::string why = make_symbolic(gm, reduced, inputs, owner);
+  if (!why.empty()) return why;
+  TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", owner, "): the traces at ", pts.size(),
+                   " sizes differ only in integers that are expressions of the sizes: ", fitted.size(),
+                   " arguments became size expressions");
+  plan = std::move(reduced);
+  return "";
+}
+
+std::string same_graph_at(const GraphModule& symbolic, const GraphModule& traced, const std::vector<at::Tensor>& inputs) {
+  const ir::Graph& g = symbolic.graph();
+  const std::map<std::string, int64_t> values = g.symbol_values(inputs);
+  auto value = [&](const std::string& name) { return values.at(name); };
+  // Inputs: the sizes and strides the graph's metadata gives at these values (dimensions that
+  // are not symbols are the traced ones).
+  const std::vector<ir::Node*> mine = g.placeholders(), theirs = traced.graph().placeholders();
+  if (mine.size() != theirs.size()) return "the forward has another number of inputs";
+  for (size_t i = 0; i < mine.size(); ++i) {
+    const ir::TensorMeta &a = mine[i]->output_meta().at(0), &b = theirs[i]->output_meta().at(0);
+    if (!a.defined || !b.defined) continue;
+    std::vector<int64_t> sizes = a.sizes, strides = a.strides;
+    if (a.symbolic()) {
+      for (size_t d = 0; d < sizes.size(); ++d) sizes[d] = a.sym_sizes[d].evaluate(value);
+      for (size_t d = 0; d < strides.size(); ++d) strides[d] = a.sym_strides[d].evaluate(value);
+    }
+    if (sizes != b.sizes || strides != b.strides)
+      return "input '" + mine[i]->name() + "' is " + b.str() + "; the graph has " + a.str() + " there";
+  }
+  return walk_pair(const_cast<ir::Graph&>(g), traced.graph(),
+                   [&](ir::Node& n, size_t i, const c10::IValue& other) -> std::string {
+                     const ir::Argument& a = n.args()[i];
+                     if (a.is_size_expression()) {
+                       const c10::IValue expected = a.constant_at(value);
+                       const auto x = ir::int_values(expected), y = ir::int_values(other);
+                       if (x && y && *x == *y) return "";
+                       return "argument " + std::to_string(i) + " of " + describe_node(n) + " is " +
+                              ir::constant_repr(other) + "; the graph's size expression gives " +
+                              ir::constant_repr(expected);
+                     }
+                     if (same_constant(a.constant(), other)) return "";
+                     return "argument " + std::to_string(i) + " of " + describe_node(n) + " changed with the sizes";
+                   });
 }
 
 }  // namespace torchcompile::runtime

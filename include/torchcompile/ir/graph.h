@@ -100,6 +100,12 @@ struct SizeSymbolDecl {
 /// An argument of a node. Constants are IValues (ints, doubles, bools, int lists, dtypes, None,
 /// strings, ...); tensors are always Values (a tensor that no node produced becomes a get_attr);
 /// `Tensor[]` and `Tensor?[]` arguments are lists of optional Values (nullopt = None).
+///
+/// In a graph with size symbols, an `int` or `int[]` constant may be a *size expression*: its
+/// value is an expression of the symbols (`view(x, [s0, -1])`, `arange(s1)`,
+/// `reshape(x, [s0*8, s1, 64])`), one SymExpr per integer (`sym_ints()`). `constant()` is then
+/// its value at the symbols' example values, so code that reads constants sees the example
+/// graph; executors evaluate the expressions for each call (`constant_at`).
 class Argument {
  public:
   enum class Kind { Constant, Value, ValueList };
@@ -115,6 +121,15 @@ class Argument {
   bool is_list() const { return kind_ == Kind::ValueList; }
 
   const c10::IValue& constant() const;
+  /// A size expression: `exprs` has one expression per integer of `example` (an int or an
+  /// int list, its value at the symbols' example values).
+  static Argument size_expression(std::vector<SymExpr> exprs, c10::IValue example);
+  /// Whether this constant is a size expression, and its expressions (one per integer).
+  bool is_size_expression() const { return !sym_.empty(); }
+  const std::vector<SymExpr>& sym_ints() const { return sym_; }
+  /// The constant for these symbol values (a size expression evaluated; any other constant as it
+  /// is).
+  c10::IValue constant_at(const std::function<int64_t(const std::string&)>& symbol_value) const;
   const Value& value() const;
   const std::vector<std::optional<Value>>& list() const;
 
@@ -126,9 +141,13 @@ class Argument {
   friend class Node;
   Kind kind_;
   c10::IValue constant_;
+  std::vector<SymExpr> sym_;
   Value value_;
   std::vector<std::optional<Value>> list_;
 };
+
+/// The integers of an int or int-list constant, in order; nullopt for any other constant.
+std::optional<std::vector<int64_t>> int_values(const c10::IValue& v);
 
 /// A reference from a user node to one of its arguments.
 struct Use {
@@ -268,8 +287,16 @@ class Graph {
   /// the size of the placeholder dimension that binds it. Throws if the inputs do not match.
   std::map<std::string, int64_t> symbol_values(const std::vector<at::Tensor>& inputs) const;
   /// Make the graph static: drop the symbols and every value's symbolic sizes and strides (the
-  /// example sizes stay).
+  /// example sizes stay); size expressions become constants of the example values.
   void clear_symbols();
+  /// The same at other symbol values: size expressions become their values for `values`
+  /// (metadata is left for the caller to record at those sizes).
+  void clear_symbols(const std::map<std::string, int64_t>& values);
+  /// Whether some argument is a size expression.
+  bool has_size_expressions() const;
+  /// Where each symbol is bound: (placeholder index, dimension), in symbol order. Throws naming
+  /// a symbol no placeholder dimension binds.
+  std::vector<std::pair<size_t, int64_t>> symbol_bindings() const;
 
   /// Nodes in order.
   const std::list<std::unique_ptr<Node>>& nodes() const { return nodes_; }

@@ -39,12 +39,18 @@ class OpStep {
   /// Call the operator on `slots`, using `stack` as scratch (its capacity is reused from call
   /// to call). With `below_autograd` the call skips the autograd dispatch keys (see
   /// may_dispatch_below_autograd).
-  void run(at::Tensor* slots, torch::jit::Stack& stack, bool below_autograd) const;
+  ///
+  /// A node whose arguments include size expressions (graphs with size symbols) needs the
+  /// symbols' values of this call, in the order of Graph::symbols(): `symbols`.
+  void run(at::Tensor* slots, torch::jit::Stack& stack, bool below_autograd, const int64_t* symbols = nullptr) const;
 
   /// Call `fn(n, args)` in place of the operator, `n` being the node the step was prepared from:
   /// `args` are the node's arguments as traced (the `.Scalar` overload's scalar, no in-place
   /// overload), the call keeps the autograd keys, and `fn` must return one tensor per output.
-  void run_instead(const NodeFn& fn, const Node& n, at::Tensor* slots, torch::jit::Stack& stack) const;
+  void run_instead(const NodeFn& fn, const Node& n, at::Tensor* slots, torch::jit::Stack& stack,
+                   const int64_t* symbols = nullptr) const;
+  /// Whether an argument is a size expression (run() then needs the symbols' values).
+  bool has_size_expressions() const { return !size_args_.empty(); }
 
   /// Let run() compute the node in place in its first argument (`self`) with the operator's
   /// in-place overload (`add.Tensor` -> `add_.Tensor`) when that tensor is an intermediate no
@@ -86,6 +92,20 @@ class OpStep {
     bool optional_elements;
   };
   bool reuse_self(const at::Tensor& self) const;
+  /// A size-expression argument: each integer a constant, a symbol (its index) or an expression.
+  struct SizeArg {
+    struct Int {
+      int64_t constant = 0;
+      int32_t symbol = -1;
+      std::optional<SymExpr> expr;
+    };
+    uint32_t stack_index;
+    bool scalar;  // an int (else an int list)
+    std::vector<Int> ints;
+  };
+  void put_size_args(torch::jit::Stack& stack, const int64_t* symbols) const;
+  std::vector<SizeArg> size_args_;
+  std::vector<std::string> symbol_names_;  // the graph's symbols, for expressions
 
   /// The `.Tensor` form of a `.Scalar` call (see the constructor).
   struct ScalarAsTensor {

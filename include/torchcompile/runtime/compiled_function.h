@@ -181,6 +181,11 @@ class CompiledFunction {
   /// the call's sizes, tracing the forward at them first if they are new.
   std::vector<at::Tensor> run_replayed(const CompiledEntry& entry, const CallArgs& args, const ForwardFn& forward,
                                        OutputSpec& spec);
+  /// run_replayed at sizes with no tree yet: trace the forward at them; the tree is the graph
+  /// with size expressions if the trace records it, else compiled from the trace (which may
+  /// first become that graph).
+  std::vector<at::Tensor> trace_new_sizes(const CompiledEntry& entry, const CallArgs& args, const ForwardFn& forward,
+                                          OutputSpec& spec);
   /// A branch value with no compiled continuation, the state put back as it was when the call
   /// began: run the forward again, traced (the new continuation joins the tree) or, if `record`
   /// is false, eagerly (trace_tree.cpp). `missed_at` and `missed_key` are the branch point where
