@@ -147,6 +147,65 @@ struct Tracer::Impl {
   std::shared_ptr<SizeReads> size_reads;  // set: observe size and data reads (capture/observed.h)
   std::string unobserved;                 // why some size reads may not have been seen
   bool autograd_records = false;          // observe_reads: results autograd tracks stay as they are
+  bool shapes_only = false;               // set_shapes_only: ops run on meta tensors
+
+  // Shapes only: run `op` on meta versions of its tensor arguments (an op without a meta kernel
+  // on zero-filled tensors of their sizes, its results then made meta). A result that is an
+  // argument's stand-in (an in-place or out= op) is the argument itself.
+  void run_on_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t num_args) {
+    const size_t base = stack->size() - num_args;
+    const std::vector<c10::IValue> given(stack->begin() + base, stack->end());
+    std::unordered_map<const c10::TensorImpl*, at::Tensor> stands_for;
+    std::vector<at::Tensor> alive;  // the stand-ins, until their results are mapped (no address reuse)
+    auto convert = [&](bool zeros) {
+      stack->resize(base);
+      for (const c10::IValue& v : given)
+        stack->push_back(map_tensors(v, [&](const at::Tensor& t) -> at::Tensor {
+          if (!t.defined() || (t.is_meta() && !zeros)) return t;
+          at::Tensor m = at::empty_strided(t.sizes(), t.strides(),
+                                           t.options().device(zeros ? c10::kCPU : c10::kMeta).requires_grad(false));
+          if (zeros) m.zero_();
+          if (t.requires_grad()) m.requires_grad_(true);  // results of views of parameters require grad too
+          stands_for[m.unsafeGetTensorImpl()] = t;
+          alive.push_back(m);
+          return m;
+        }));
+    };
+    c10::impl::ExcludeDispatchKeyGuard no_tracing(key);
+    bool zeros = false;
+    try {
+      convert(false);
+      op.callBoxed(stack);
+    } catch (const c10::Error&) {
+      zeros = true;  // no meta kernel
+      convert(true);
+      op.callBoxed(stack);
+    }
+    const size_t num_returns = op.schema().returns().size();
+    for (size_t i = stack->size() - num_returns; i < stack->size(); ++i)
+      (*stack)[i] = map_tensors((*stack)[i], [&](const at::Tensor& t) -> at::Tensor {
+        if (!t.defined()) return t;
+        auto it = stands_for.find(t.unsafeGetTensorImpl());
+        if (it != stands_for.end()) return it->second;
+        if (!zeros || t.is_meta()) return t;
+        return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
+      });
+  }
+
+  static c10::IValue map_tensors(const c10::IValue& v, const std::function<at::Tensor(const at::Tensor&)>& f) {
+    if (v.isTensor()) return f(v.toTensor());
+    if (v.isTensorList()) {
+      c10::List<at::Tensor> out;
+      for (const at::Tensor& t : v.toTensorList()) out.push_back(f(t));
+      return out;
+    }
+    if (v.isList()) {
+      c10::impl::GenericList out(v.toList().elementType());
+      for (const c10::IValue& e : v.toList()) out.push_back(map_tensors(e, f));
+      return out;
+    }
+    return v;
+  }
 
   // Tensors whose data host code read (each a graph break keyed by a copy of the contents), at
   // the version read: reading them again before an op writes to them is no new break. Kept
@@ -638,6 +697,7 @@ struct Tracer::Impl {
   // `ks` is the key set the dispatcher gave the tracing fallback; none for a read that did not
   // come through the dispatcher (a data read): the op is then called with the tracer excluded.
   void host_read(const c10::OperatorHandle& op, std::optional<c10::DispatchKeySet> ks, torch::jit::Stack* stack) {
+    if (shapes_only) throw ShapesOnlyStopped(ir::op_target_name(op));
     auto run = [&] {
       if (ks) {
         redispatch_below_tracer(key, op, *ks, stack);
@@ -857,7 +917,11 @@ void tracing_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   if (impl.interceptor && impl.interceptor(op, stack)) return;
   const size_t num_args = schema.arguments().size();
   std::vector<c10::IValue> args(stack->end() - num_args, stack->end());
-  redispatch_below_tracer(key, op, ks, stack);
+  if (impl.shapes_only) {
+    impl.run_on_meta(op, stack, num_args);
+  } else {
+    redispatch_below_tracer(key, op, ks, stack);
+  }
   const size_t num_returns = schema.returns().size();
   // The number of tensors `unbind` / `split` / `chunk` return is a size of their argument: the
   // graph and the host code that loops over them hold that count.
@@ -898,6 +962,14 @@ Tracer::~Tracer() = default;
 Tracer* Tracer::current(TraceLevel level) { return tls_current_tracer[static_cast<int>(level)]; }
 
 void Tracer::set_interceptor(OpInterceptor f) { impl_->interceptor = std::move(f); }
+
+void Tracer::set_shapes_only() {
+  TORCH_INTERNAL_ASSERT(level_ == TraceLevel::AboveAutograd, "shape-only traces are above autograd");
+  impl_->shapes_only = true;
+}
+
+ShapesOnlyStopped::ShapesOnlyStopped(const std::string& op)
+    : std::runtime_error("a trace of shapes only stopped at a host read of data (" + op + ")") {}
 
 void Tracer::observe_reads(std::shared_ptr<SizeReads> reads, bool autograd_records) {
   TORCH_INTERNAL_ASSERT(level_ == TraceLevel::AboveAutograd, "reads are observed above autograd only");

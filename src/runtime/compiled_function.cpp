@@ -16,6 +16,7 @@
 #include "runtime/trace_session.h"
 #include "runtime/trace_tree.h"
 #include "support/error_text.h"
+#include "support/rng_state_guard.h"
 
 #include <ATen/core/grad_mode.h>
 #include <c10/core/InferenceMode.h>
@@ -376,6 +377,33 @@ std::vector<at::Tensor> CompiledFunction::trace_new_sizes(const CompiledEntry& e
                                                           const ForwardFn& forward, OutputSpec& spec) {
   ForwardReplays& replays = *entry.replays_;
   const SizeKey key = replays.plan.key_of(args.tensors);
+  // With a graph for every size, and autograd not recording: a trace of shapes only (host code
+  // runs, ops on meta tensors) tells whether these sizes record that graph; then it computes
+  // the call, and nothing is compiled.
+  if (replays.general && autograd_reason(args, entry.input_names_, root_.get()).empty()) {
+    std::string why;
+    try {
+      support::RngStateGuard keep_rng;  // ops without meta kernels run on zeros
+      TracedRun shapes =
+          trace_forward(*this, entry.guards(), args, forward, spec, entry.input_names_, nullptr, /*shapes_only=*/true);
+      if (!shapes.failure.empty()) why = shapes.failure;
+      else if (shapes.records.size() != 1) why = "the forward has graph breaks at these sizes";
+      else why = same_graph_at(*replays.general_graph, *shapes.records.front().gm, shapes.slots);
+    } catch (const capture::ShapesOnlyStopped& e) {
+      why = e.what();
+    }
+    if (why.empty()) {
+      ++replays.general_hits;
+      const size_t count = replays.trees.insert(key, replays.general);
+      TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", name_, "): new sizes ", replays.plan.key_str(key),
+                       ": the forward's shapes record the graph with size expressions: no compile (", count,
+                       " sizes traced)");
+      return run_entry(*replays.general, args, forward, spec);
+    }
+    TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", name_, "): new sizes ", replays.plan.key_str(key),
+                     ": the trace of shapes does not give the graph with size expressions (", why,
+                     "); tracing the forward");
+  }
   // The forward at these sizes, host code included: its integers and branches are those of these
   // sizes, as in a static entry's trace. Modules whose hooks it crosses join the entry's guards.
   TracedRun traced = trace_forward(*this, entry.guards(), args, forward, spec, entry.input_names_);

@@ -426,6 +426,8 @@ std::string make_symbolic(GraphModule& gm, DynamicPlan& plan, const std::vector<
           std::optional<SymExpr> e;
           if (part == 1) e = dense_stride(sizes, at, o, d);  // strides of dense layouts: products of sizes
           if (!e) e = fit(*pts, y, singles, products, floors, known);
+          // The stride of a dimension of size 1 is any number (a slice of a longer tensor).
+          if (!e && part == 1 && sizes.at(d).constant() == 1) e = SymExpr(y[0]);
           if (e && part == 0 && !e->is_constant() && !e->as_symbol() &&
               std::find_if(known.begin(), known.end(), [&](const Feature& f) { return f.expr == *e; }) == known.end())
             known.push_back(feature_of(*e));
@@ -498,9 +500,11 @@ std::string walk_pair(const ir::Graph& a, const ir::Graph& b,
     if (na.kind() == ir::NodeKind::CallModule) return "the graph calls the opaque module '" + na.target() + "'";
     for (size_t o = 0; o < na.num_outputs(); ++o) {
       const ir::TensorMeta &ma = na.output_meta()[o], &mb = nb.output_meta()[o];
+      // (Not the device: a shape-only trace's results are meta tensors; a device change is an
+      // argument.)
       if (ma.defined != mb.defined || ma.dtype != mb.dtype || ma.sizes.size() != mb.sizes.size() ||
-          ma.device != mb.device || ma.requires_grad != mb.requires_grad)
-        return describe_node(na) + " changed the dtype, rank, device or requires_grad of a result";
+          ma.requires_grad != mb.requires_grad)
+        return describe_node(na) + " changed the dtype, rank or requires_grad of a result";
     }
     for (size_t i = 0; i < na.args().size(); ++i) {
       const ir::Argument &x = na.args()[i], &y = nb.args()[i];
@@ -687,6 +691,8 @@ std::string same_graph_at(const GraphModule& symbolic, const GraphModule& traced
       for (size_t d = 0; d < sizes.size(); ++d) sizes[d] = a.sym_sizes[d].evaluate(value);
       for (size_t d = 0; d < strides.size(); ++d) strides[d] = a.sym_strides[d].evaluate(value);
     }
+    for (size_t d = 0; d < strides.size() && d < b.strides.size(); ++d)
+      if (sizes[d] == 1) strides[d] = b.strides[d];  // any stride for a dimension of size 1
     if (sizes != b.sizes || strides != b.strides)
       return "input '" + mine[i]->name() + "' is " + b.str() + "; the graph has " + a.str() + " there";
   }

@@ -142,9 +142,10 @@ ObservedInputs observe_inputs(const CallArgs& args, const std::vector<std::strin
 
 TracedRun trace_forward(const CompiledFunction& fn, const GuardSet& guards, const CallArgs& args,
                         const ForwardFn& forward, OutputSpec& spec, const std::vector<std::string>& names,
-                        const ObservedInputs* dynamic) {
+                        const ObservedInputs* dynamic, bool shapes_only) {
   TracedRun t;
   capture::Tracer tracer(fn.options().fullgraph);
+  if (shapes_only) tracer.set_shapes_only();
   std::optional<ObservedInputs> observed_here;
   if (!dynamic) observed_here = observe_inputs(args, names, {}, !autograd_reason(args, names, fn.root()).empty());
   const ObservedInputs* observed = dynamic ? dynamic : &*observed_here;

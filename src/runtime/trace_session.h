@@ -62,9 +62,12 @@ struct TracedRun {
 /// `guards`. Undefined results are not graph outputs: `spec.undefined` lists their positions.
 /// The forward runs on observed tensors: `observed` (a dynamic trace, whose size reads are
 /// counted), or observed inputs without candidates.
+/// With `shapes_only`, the ops run on meta tensors (capture::Tracer::set_shapes_only): the
+/// trace records the graph without computing it, its outputs are meta tensors, and a host read of
+/// data throws capture::ShapesOnlyStopped.
 TracedRun trace_forward(const CompiledFunction& fn, const GuardSet& guards, const CallArgs& args,
                         const ForwardFn& forward, OutputSpec& spec, const std::vector<std::string>& names,
-                        const ObservedInputs* observed = nullptr);
+                        const ObservedInputs* observed = nullptr, bool shapes_only = false);
 
 /// Compile `traced.records[from...]` with `backend` (registered as `backend_name`; `name` names
 /// the compiled object in logs) into a chain: each segment the continuation of the one before

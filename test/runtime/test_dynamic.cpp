@@ -529,6 +529,34 @@ TEST(Dynamic, HostComputedIntegersBecomeSizeExpressions) {
   EXPECT_TRUE(fast.state().entries().front()->symbolic_graph());
 }
 
+// A GPT-style model (nanoGPT's shape) generating 24 tokens one at a time: the sequence grows by
+// one per step, and the forward reads its length for `arange(T)`, the causal mask's `[:T, :T]`
+// and the heads' `view({B, T, H, D})`. The backend, registered by name and counting its calls, is
+// called at most 3 times under automatic dynamic (the first length, the dynamic entry's first
+// length, the graph with size expressions) and with dynamic = true; every step's logits are
+// eager's.
+TEST_P(DynamicBackends, GptGenerationCompilesAtMostThreeTimes) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(17);
+  tc_test::TinyGpt gpt;
+  gpt->eval();
+  auto prompt = torch::randint(0, 96, {1, 5});
+  auto tokens = tc_test::generate([&](const torch::Tensor& idx) { return gpt->forward(idx); }, prompt, 24);
+  for (bool automatic : {true, false}) {
+    SCOPED_TRACE(automatic ? "automatic dynamic" : "dynamic = true");
+    CountingBackend counter(GetParam());
+    auto opts = torchcompile::CompileOptions(counter.name);
+    if (!automatic) opts = opts.with_dynamic(true);
+    auto fast = torch::compile(gpt.ptr(), opts);
+    for (int64_t t = 5; t < 5 + 24; ++t) {
+      auto idx = tokens.slice(1, 0, t);
+      ASSERT_TRUE(tensors_close(fast(idx), gpt->forward(idx), 1e-4, 1e-5)) << "length " << t;
+    }
+    EXPECT_LE(counter.count(), 3);
+    EXPECT_TRUE(fast.state().entries().front()->symbolic_graph());
+  }
+}
+
 // Copies the parameters and buffers of `from` into `to` (same module type).
 void copy_state(torch::nn::Module& from, torch::nn::Module& to) {
   torch::NoGradGuard no_grad;

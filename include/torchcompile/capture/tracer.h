@@ -20,6 +20,7 @@
 
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,11 @@ using OpInterceptor = std::function<bool(const c10::OperatorHandle& op, std::vec
 struct TraceFailure {
   std::string reason;  ///< "a tensor sharing memory with an input ..."
   std::string op;      ///< the operator, if one caused it
+};
+
+/// Thrown out of the forward by a shape-only trace (Tracer::set_shapes_only) at a host read of data.
+struct ShapesOnlyStopped : std::runtime_error {
+  explicit ShapesOnlyStopped(const std::string& op);
 };
 
 /// One trace. Not thread-safe: a Tracer belongs to the thread that activates it.
@@ -88,6 +94,14 @@ class Tracer {
   TraceLevel level() const { return level_; }
   /// Let `f` handle operators before they are recorded (record mode only).
   void set_interceptor(OpInterceptor f);
+  /// Record shapes only: every op runs on meta tensors standing for its arguments (no data, no
+  /// compute; an op without a meta kernel runs on zero-filled tensors of the same sizes), and
+  /// the forward continues with meta results. The graph is recorded as usual, its metadata that
+  /// of the real run. A host read of data (`item()`, `data_ptr`, ...) throws ShapesOnlyStopped
+  /// out of the forward: only a real trace can read data. Level AboveAutograd; the caller keeps
+  /// the RNG state (ops run on zeros may draw numbers) and runs it with grad mode off.
+  void set_shapes_only();
+
 
   /// Observe the forward's reads (src/capture/observed.h): the results of recorded ops are
   /// observed in turn; host reads of their sizes count their candidate dimensions, and a host
