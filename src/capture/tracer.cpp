@@ -172,12 +172,17 @@ struct Tracer::Impl {
         }));
     };
     c10::impl::ExcludeDispatchKeyGuard no_tracing(key);
-    bool zeros = false;
-    try {
-      convert(false);
-      op.callBoxed(stack);
-    } catch (const c10::Error&) {
-      zeros = true;  // no meta kernel
+    bool zeros = known_without_meta_kernel(op);
+    if (!zeros) {
+      try {
+        convert(false);
+        op.callBoxed(stack);
+      } catch (const c10::Error&) {
+        zeros = true;  // no meta kernel
+        note_without_meta_kernel(op);
+      }
+    }
+    if (zeros) {
       convert(true);
       op.callBoxed(stack);
     }
@@ -962,6 +967,24 @@ Tracer::~Tracer() = default;
 Tracer* Tracer::current(TraceLevel level) { return tls_current_tracer[static_cast<int>(level)]; }
 
 void Tracer::set_interceptor(OpInterceptor f) { impl_->interceptor = std::move(f); }
+
+namespace {
+std::mutex no_meta_mutex;
+std::unordered_set<const c10::FunctionSchema*>& no_meta() {
+  static std::unordered_set<const c10::FunctionSchema*> ops;
+  return ops;
+}
+}  // namespace
+
+bool known_without_meta_kernel(const c10::OperatorHandle& op) {
+  std::lock_guard<std::mutex> lock(no_meta_mutex);
+  return no_meta().count(&op.schema()) != 0;
+}
+
+void note_without_meta_kernel(const c10::OperatorHandle& op) {
+  std::lock_guard<std::mutex> lock(no_meta_mutex);
+  no_meta().insert(&op.schema());
+}
 
 void Tracer::set_shapes_only() {
   TORCH_INTERNAL_ASSERT(level_ == TraceLevel::AboveAutograd, "shape-only traces are above autograd");

@@ -17,6 +17,7 @@
 #include "runtime/dynamic_entry.h"
 #include "support/rng_state_guard.h"
 
+#include <torchcompile/capture/tracer.h>
 #include <torchcompile/ir/interpreter.h>
 #include <torchcompile/ir/passes.h>
 #include <torchcompile/ir/printer.h>
@@ -77,9 +78,16 @@ std::unordered_map<std::string, std::vector<TensorMeta>> probe(const GraphModule
   interp.override_if([](const ir::Node&) { return true; },
                      [&out](const ir::Node& n, const std::vector<c10::IValue>& args) {
                        std::vector<at::Tensor> results;
-                       try {
-                         results = ir::run_target(n, args);
-                       } catch (const c10::Error&) {
+                       bool zeros = n.has_op() && !n.callable() && capture::known_without_meta_kernel(n.op());
+                       if (!zeros) {
+                         try {
+                           results = ir::run_target(n, args);
+                         } catch (const c10::Error&) {
+                           zeros = true;
+                           if (n.has_op() && !n.callable()) capture::note_without_meta_kernel(n.op());
+                         }
+                       }
+                       if (zeros) {
                          // No meta kernel: run it on zeros of these sizes.
                          std::vector<c10::IValue> real;
                          for (const c10::IValue& a : args) real.push_back(map_tensors(a, zeros_like_strided));

@@ -19,6 +19,7 @@
 // Run with glibc malloc tuned (scripts/bench.sh sets MALLOC_MMAP_THRESHOLD_ and
 // MALLOC_TRIM_THRESHOLD_).
 #include "bench_context.h"
+#include "test/support/seed_models.h"
 
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
@@ -175,6 +176,37 @@ Case& m3_new_size() {
     net->eval();
     return make_new_size_case(net, [](int64_t b) { return torch::randn({b, 3, 16, 16}); });
   }();
+  return c;
+}
+
+// GPT-style generation of 24 tokens one at a time from a 5-token prompt (the sequence grows by
+// one per call; the forward reads its length): `default` with automatic dynamic. "Warm": the
+// same compiled object generates again (every length seen); "fresh": a new torch::compile per
+// generation, so the time includes every trace and compile (the static first length, the
+// dynamic entry, the graph with size expressions, and a trace of shapes per new length).
+Case make_gpt_case(bool fresh) {
+  torch::manual_seed(0);
+  tc_test::TinyGpt gpt;
+  gpt->eval();
+  auto eager = [gpt](const torch::Tensor& prompt) mutable {
+    return tc_test::generate([&](const torch::Tensor& idx) { return gpt->forward(idx); }, prompt, 24);
+  };
+  using Fast = decltype(torch::compile(gpt.ptr(), "default"));
+  auto fast = std::make_shared<Fast>(torch::compile(gpt.ptr(), "default"));
+  auto compiled = [gpt, fast, fresh](const torch::Tensor& prompt) {
+    if (fresh) *fast = torch::compile(gpt.ptr(), "default");
+    return tc_test::generate([&](const torch::Tensor& idx) { return (*fast)(idx); }, prompt, 24);
+  };
+  Case k{eager, compiled, torch::randint(0, 96, {1, 5}), {}};
+  k.check();
+  return k;
+}
+Case& gpt_warm() {
+  static Case c = make_gpt_case(false);
+  return c;
+}
+Case& gpt_fresh() {
+  static Case c = make_gpt_case(true);
   return c;
 }
 
@@ -471,6 +503,10 @@ void BM_M1_MLP_NewSizeVsWarm_Compiled(benchmark::State& s) { run_compiled(s, m1_
 void BM_M3_Conv_NewSizeVsWarm_Compiled(benchmark::State& s) { run_compiled(s, m3_new_size, "M3 new size vs warm"); }
 BENCHMARK(BM_M1_MLP_NewSizeVsWarm_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_M3_Conv_NewSizeVsWarm_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
+void BM_Gpt_Generate24_Warm_Compiled(benchmark::State& s) { run_compiled(s, gpt_warm, "GPT generate 24, warm"); }
+void BM_Gpt_Generate24_Fresh_Compiled(benchmark::State& s) { run_compiled(s, gpt_fresh, "GPT generate 24, fresh"); }
+BENCHMARK(BM_Gpt_Generate24_Warm_Compiled)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Gpt_Generate24_Fresh_Compiled)->UseManualTime()->Unit(benchmark::kMillisecond);
 void BM_NoOp_Eager(benchmark::State& s) { run_eager(s, noop); }
 void BM_NoOp_Compiled(benchmark::State& s) { run_compiled(s, noop, "NoOp module (8,8)"); }
 void BM_M7_Toy_Eager(benchmark::State& s) { run_eager(s, m7); }

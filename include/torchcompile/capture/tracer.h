@@ -50,6 +50,12 @@ struct TraceFailure {
   std::string op;      ///< the operator, if one caused it
 };
 
+/// Operators seen to fail on meta tensors (no meta kernel, in them or in what they call): runs
+/// of shapes only (Tracer::set_shapes_only, the runtime's probes at other sizes) call them on
+/// zero-filled tensors directly, instead of paying for another error (a backtrace) each time.
+bool known_without_meta_kernel(const c10::OperatorHandle& op);
+void note_without_meta_kernel(const c10::OperatorHandle& op);
+
 /// Thrown out of the forward by a shape-only trace (Tracer::set_shapes_only) at a host read of data.
 struct ShapesOnlyStopped : std::runtime_error {
   explicit ShapesOnlyStopped(const std::string& op);
