@@ -197,20 +197,6 @@ struct Tracer::Impl {
       });
   }
 
-  static c10::IValue map_tensors(const c10::IValue& v, const std::function<at::Tensor(const at::Tensor&)>& f) {
-    if (v.isTensor()) return f(v.toTensor());
-    if (v.isTensorList()) {
-      c10::List<at::Tensor> out;
-      for (const at::Tensor& t : v.toTensorList()) out.push_back(f(t));
-      return out;
-    }
-    if (v.isList()) {
-      c10::impl::GenericList out(v.toList().elementType());
-      for (const c10::IValue& e : v.toList()) out.push_back(map_tensors(e, f));
-      return out;
-    }
-    return v;
-  }
 
   // Tensors whose data host code read (each a graph break keyed by a copy of the contents), at
   // the version read: reading them again before an op writes to them is no new break. Kept
@@ -975,6 +961,21 @@ std::unordered_set<const c10::FunctionSchema*>& no_meta() {
   return ops;
 }
 }  // namespace
+
+c10::IValue map_tensors(const c10::IValue& v, const std::function<at::Tensor(const at::Tensor&)>& f) {
+  if (v.isTensor()) return f(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(f(t));
+    return out;
+  }
+  if (v.isList()) {
+    c10::impl::GenericList out(v.toList().elementType());
+    for (const c10::IValue& e : v.toList()) out.push_back(map_tensors(e, f));
+    return out;
+  }
+  return v;
+}
 
 bool known_without_meta_kernel(const c10::OperatorHandle& op) {
   std::lock_guard<std::mutex> lock(no_meta_mutex);

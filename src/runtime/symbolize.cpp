@@ -53,21 +53,6 @@ at::Tensor zeros_like_strided(const at::Tensor& t) {
   return z;
 }
 
-c10::IValue map_tensors(const c10::IValue& v, const std::function<at::Tensor(const at::Tensor&)>& f) {
-  if (v.isTensor()) return f(v.toTensor());
-  if (v.isTensorList()) {
-    c10::List<at::Tensor> out;
-    for (const at::Tensor& t : v.toTensorList()) out.push_back(f(t));
-    return out;
-  }
-  if (v.isList()) {
-    c10::impl::GenericList out(v.toList().elementType());
-    for (const c10::IValue& e : v.toList()) out.push_back(map_tensors(e, f));
-    return out;
-  }
-  return v;
-}
-
 // The metadata of every node's outputs when the graph runs on inputs of these sizes.
 std::unordered_map<std::string, std::vector<TensorMeta>> probe(const GraphModule& gm,
                                                               const std::vector<TensorMeta>& inputs) {
@@ -90,7 +75,7 @@ std::unordered_map<std::string, std::vector<TensorMeta>> probe(const GraphModule
                        if (zeros) {
                          // No meta kernel: run it on zeros of these sizes.
                          std::vector<c10::IValue> real;
-                         for (const c10::IValue& a : args) real.push_back(map_tensors(a, zeros_like_strided));
+                         for (const c10::IValue& a : args) real.push_back(capture::map_tensors(a, zeros_like_strided));
                          results = ir::run_target(n, real);
                          for (at::Tensor& t : results) t = on_meta(t);
                        }
@@ -168,6 +153,38 @@ Feature feature_of(const SymExpr& e) {
   return {e, [e](const Point& p) {
             return e.evaluate([&](const std::string& name) { return p.at(std::stoul(name.substr(1))); });
           }};
+}
+
+// The basis functions of the fits over a plan's symbols: each symbol, each product of two (and of
+// all, for three or more), and floor divisions `(s + r)//c` for c in 2..8 (r in 0..c-1 with
+// `with_offsets`, else 0).
+struct Basis {
+  std::vector<Feature> singles, products, floors;
+};
+
+Basis basis_of(const DynamicPlan& plan, bool with_offsets) {
+  Basis b;
+  const size_t nsym = plan.symbols.size();
+  for (size_t k = 0; k < nsym; ++k)
+    b.singles.push_back({SymExpr::symbol(plan.symbols[k].name), [k](const Point& p) { return p[k]; }});
+  for (size_t i = 0; i < nsym; ++i)
+    for (size_t j = i; j < nsym; ++j)
+      b.products.push_back({b.singles[i].expr * b.singles[j].expr, [i, j](const Point& p) { return p[i] * p[j]; }});
+  if (nsym >= 3) {
+    SymExpr all(1);
+    for (const Feature& f : b.singles) all = all * f.expr;
+    b.products.push_back({all, [](const Point& p) {
+                            int64_t v = 1;
+                            for (int64_t x : p) v *= x;
+                            return v;
+                          }});
+  }
+  for (size_t k = 0; k < nsym; ++k)
+    for (int64_t c = 2; c <= 8; ++c)
+      for (int64_t r = 0; r < (with_offsets ? c : 1); ++r)
+        b.floors.push_back({floordiv(b.singles[k].expr + SymExpr(r), c),
+                            [k, c, r](const Point& p) { return floordiv_int(p[k] + r, c); }});
+  return b;
 }
 
 // Stride d of output o, if at every point the layout is dense (each stride the product of the
@@ -362,28 +379,8 @@ std::string make_symbolic(GraphModule& gm, DynamicPlan& plan, const std::vector<
   }
 
   // Basis functions.
-  std::vector<Feature> singles, products, floors;
-  for (size_t k = 0; k < nsym; ++k)
-    singles.push_back({SymExpr::symbol(plan.symbols[k].name), [k](const Point& p) { return p[k]; }});
-  for (size_t i = 0; i < nsym; ++i)
-    for (size_t j = i; j < nsym; ++j)
-      products.push_back({singles[i].expr * singles[j].expr, [i, j](const Point& p) { return p[i] * p[j]; }});
-  if (nsym >= 3)
-    products.push_back({[&] {
-                          SymExpr e(1);
-                          for (const Feature& f : singles) e = e * f.expr;
-                          return e;
-                        }(),
-                        [](const Point& p) {
-                          int64_t v = 1;
-                          for (int64_t x : p) v *= x;
-                          return v;
-                        }});
-  for (size_t k = 0; k < nsym; ++k)
-    for (int64_t c = 2; c <= 8; ++c)
-      for (int64_t r = 0; r < c; ++r)
-        floors.push_back({floordiv(singles[k].expr + SymExpr(r), c),
-                          [k, c, r](const Point& p) { return floordiv_int(p[k] + r, c); }});
+  const Basis basis = basis_of(plan, /*with_offsets=*/true);
+  const std::vector<Feature>&singles = basis.singles, &products = basis.products, &floors = basis.floors;
 
   // Fit every size and stride of every value. Sizes already fitted (`(s0 + 1)//2` after a
   // strided convolution) are candidates for the later ones, alone or in products.
@@ -622,15 +619,8 @@ std::string generalize(GraphModule& gm, const std::vector<std::pair<const ir::Gr
     });
     if (!why.empty()) return why;
   }
-  std::vector<Feature> singles, products, floors;
-  for (size_t k = 0; k < nsym; ++k)
-    singles.push_back({SymExpr::symbol(reduced.symbols[k].name), [k](const Point& p) { return p[k]; }});
-  for (size_t i = 0; i < nsym; ++i)
-    for (size_t j = i; j < nsym; ++j)
-      products.push_back({singles[i].expr * singles[j].expr, [i, j](const Point& p) { return p[i] * p[j]; }});
-  for (size_t k = 0; k < nsym; ++k)
-    for (int64_t c = 2; c <= 8; ++c)
-      floors.push_back({floordiv(singles[k].expr, c), [k, c](const Point& p) { return floordiv_int(p[k], c); }});
+  const Basis basis = basis_of(reduced, /*with_offsets=*/false);
+  const std::vector<Feature>&singles = basis.singles, &products = basis.products, &floors = basis.floors;
   std::vector<std::pair<std::pair<ir::Node*, size_t>, std::vector<SymExpr>>> fitted;
   for (auto& [where, per_sample] : ints) {
     ir::Node* n = where.first;

@@ -54,6 +54,9 @@ struct TraceFailure {
 /// of shapes only (Tracer::set_shapes_only, the runtime's probes at other sizes) call them on
 /// zero-filled tensors directly, instead of paying for another error (a backtrace) each time.
 bool known_without_meta_kernel(const c10::OperatorHandle& op);
+/// `v` with `f` applied to every tensor in it (a tensor, a tensor list, a list of optional
+/// tensors), for running an operator's arguments elsewhere (on meta, on zeros).
+c10::IValue map_tensors(const c10::IValue& v, const std::function<at::Tensor(const at::Tensor&)>& f);
 void note_without_meta_kernel(const c10::OperatorHandle& op);
 
 /// Thrown out of the forward by a shape-only trace (Tracer::set_shapes_only) at a host read of data.
