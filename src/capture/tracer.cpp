@@ -688,7 +688,7 @@ struct Tracer::Impl {
   // `ks` is the key set the dispatcher gave the tracing fallback; none for a read that did not
   // come through the dispatcher (a data read): the op is then called with the tracer excluded.
   void host_read(const c10::OperatorHandle& op, std::optional<c10::DispatchKeySet> ks, torch::jit::Stack* stack) {
-    if (shapes_only) throw ShapesOnlyStopped(ir::op_target_name(op));
+    if (shapes_only) throw ShapesOnlyStopped("a host read of data (" + ir::op_target_name(op) + ")");
     auto run = [&] {
       if (ks) {
         redispatch_below_tracer(key, op, *ks, stack);
@@ -881,6 +881,10 @@ template <TraceLevel Level>
 void tracing_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   Tracer* tracer = Tracer::current(Level);
   const c10::DispatchKey key = key_of(Level);
+  // A trace of shapes only cannot go on untraced: the forward holds meta tensors.
+  if (Level == TraceLevel::AboveAutograd && tracer != nullptr && tracer->failed() &&
+      TracerAccess::impl(*tracer).shapes_only)
+    throw ShapesOnlyStopped(tracer->failure()->reason);
   if (tracer == nullptr || tracer->failed() ||
       (Level == TraceLevel::BelowAutograd && has_meta_tensor(*stack, op.schema().arguments().size()))) {
     redispatch_below_tracer(key, op, ks, stack);
@@ -992,8 +996,8 @@ void Tracer::set_shapes_only() {
   impl_->shapes_only = true;
 }
 
-ShapesOnlyStopped::ShapesOnlyStopped(const std::string& op)
-    : std::runtime_error("a trace of shapes only stopped at a host read of data (" + op + ")") {}
+ShapesOnlyStopped::ShapesOnlyStopped(const std::string& why)
+    : std::runtime_error("a trace of shapes only stopped: " + why) {}
 
 void Tracer::observe_reads(std::shared_ptr<SizeReads> reads, bool autograd_records) {
   TORCH_INTERNAL_ASSERT(level_ == TraceLevel::AboveAutograd, "reads are observed above autograd only");

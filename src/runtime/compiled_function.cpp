@@ -389,8 +389,10 @@ std::vector<at::Tensor> CompiledFunction::trace_new_sizes(const CompiledEntry& e
       if (!shapes.failure.empty()) why = shapes.failure;
       else if (shapes.records.size() != 1) why = "the forward has graph breaks at these sizes";
       else why = same_graph_at(*replays.general_graph, *shapes.records.front().gm, shapes.slots);
-    } catch (const capture::ShapesOnlyStopped& e) {
-      why = e.what();
+    } catch (const std::exception& e) {
+      // A host read of data (ShapesOnlyStopped), or anything else meta tensors made fail: the
+      // real trace below decides (and throws again if the forward itself does).
+      why = support::error_message(e);
     }
     if (why.empty()) {
       ++replays.general_hits;

@@ -370,7 +370,6 @@ std::string make_symbolic(GraphModule& gm, DynamicPlan& plan, const std::vector<
   std::string why;
   const auto pts = probe_points(plan, why);
   if (!pts) return why;
-  const size_t nsym = plan.symbols.size();
   std::vector<std::unordered_map<std::string, std::vector<TensorMeta>>> seen(pts->size());
   try {
     for (size_t p = 1; p < pts->size(); ++p) seen[p] = probe(gm, input_metas_at(plan, inputs, (*pts)[p]));

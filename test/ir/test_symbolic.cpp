@@ -250,3 +250,67 @@ TEST(SymbolicGraph, LintFindsUndeclaredUnboundAndInconsistentSymbols) {
 }
 
 }  // namespace
+
+namespace {
+
+// x: f32[s0, s1, 6] -> view(x, [s0*s1, -1]) + arange(s1) broadcast: integers that are size
+// expressions (`[%(s0*s1), -1]`, `%s1`).
+std::unique_ptr<torchcompile::ir::Graph> graph_with_size_expressions() {
+  using namespace torchcompile::ir;
+  const std::string text = R"(graph():
+  %s0 : Sym(2, [2, inf]) = placeholder[target=s0]
+  %s1 : Sym(3, [2, inf]) = placeholder[target=s1]
+  %x : f32[s0, s1, 6]{6*s1, 6, 1} = placeholder[target=x]
+  %view : f32[s0*s1, 6]{6, 1} = call_function[target=aten::view](args = (%x, [%(s0*s1), -1]), kwargs = {})
+  %arange : f32[s1]{1} = call_function[target=aten::arange](args = (%s1,), kwargs = {dtype: torch.float32})
+  %repeat : f32[s0*s1]{1} = call_function[target=aten::repeat](args = (%arange, [%s0]), kwargs = {})
+  %unsqueeze : f32[s0*s1, 1]{1, 1} = call_function[target=aten::unsqueeze](args = (%repeat, 1), kwargs = {})
+  %add : f32[s0*s1, 6]{6, 1} = call_function[target=aten::add.Tensor](args = (%view, %unsqueeze), kwargs = {})
+  return (%add,)
+)";
+  return parse_graph(text);
+}
+
+}  // namespace
+
+// Size expressions as arguments: parsed from `%s1` / `%(s0*s1)`, printed back the same, with the
+// example values as constants; the interpreter evaluates them at each call's sizes; a static copy
+// at other values (clear_symbols) has them as constants; lint checks their symbols.
+TEST(SymbolicGraph, SizeExpressionArgumentsRoundTripAndRunAtAnySize) {
+  using namespace torchcompile::ir;
+  std::shared_ptr<Graph> g = graph_with_size_expressions();
+  lint(*g);
+  const std::string text = to_text(*g);
+  EXPECT_EQ(to_text(*parse_graph(text)), text);
+  EXPECT_NE(text.find("[%(s0*s1), -1]"), std::string::npos) << text;
+  const Node* view = g->find_node("view");
+  ASSERT_TRUE(view->args()[1].is_size_expression());
+  EXPECT_EQ(view->args()[1].constant().toIntVector(), (std::vector<int64_t>{6, -1}));  // at s0=2, s1=3
+  EXPECT_NE(tabular_string(*g).find("[s0*s1, -1]"), std::string::npos) << tabular_string(*g);
+  EXPECT_TRUE(g->has_size_expressions());
+  GraphModule gm(g);
+  Interpreter interp(gm);
+  auto expected = [](const at::Tensor& x) {
+    const int64_t b = x.size(0), t = x.size(1);
+    return x.view({b * t, -1}) + at::arange(t, at::kFloat).repeat({b}).unsqueeze(1);
+  };
+  for (auto [b, t] : std::vector<std::pair<int64_t, int64_t>>{{2, 3}, {5, 4}, {3, 9}}) {
+    const at::Tensor x = at::randn({b, t, 6});
+    EXPECT_TRUE(at::equal(interp.run({x}).at(0), expected(x))) << b << "x" << t;
+  }
+  // A static copy at s0=5, s1=4: constants, no symbols; it runs at those sizes only.
+  auto copy = parse_graph(text);
+  copy->clear_symbols({{"s0", 5}, {"s1", 4}});
+  EXPECT_FALSE(copy->has_size_expressions());
+  EXPECT_EQ(copy->find_node("view")->args()[1].constant().toIntVector(), (std::vector<int64_t>{20, -1}));
+  // Lint: an expression's example value must be the argument's.
+  Node* v = g->find_node("view");
+  v->set_arg(1, Argument::size_expression({SymExpr::symbol("s0") * SymExpr::symbol("s1"), SymExpr(-1)},
+                                          c10::IValue(std::vector<int64_t>{7, -1})));
+  try {
+    lint(*g);
+    ADD_FAILURE() << "expected a lint error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the argument's example value is 7"), std::string::npos) << e.what();
+  }
+}

@@ -557,6 +557,34 @@ TEST_P(DynamicBackends, GptGenerationCompilesAtMostThreeTimes) {
   }
 }
 
+// The graph with size expressions is a guess from the first sizes: every new size runs the
+// forward's host code (on meta tensors) and uses the graph only if that run records it. Host code
+// that branches on a size past the first sizes (T > 8), or reads data only at some sizes (a graph
+// break at T > 12: the meta trace stops there), gets its own trace at those sizes; every result is
+// eager's, under every backend.
+TEST_P(DynamicBackends, SizeExpressionGraphIsCheckedAtEveryNewSize) {
+  torch::NoGradGuard no_grad;
+  auto fn = [](const torch::Tensor& x) {
+    const int64_t T = x.size(1);
+    auto y = x.view({x.size(0) * T, -1});
+    if (T > 8) y = torch::relu(y);
+    if (T > 12 && x.sum().item<float>() > 0) y = y * 2;
+    return y + T;
+  };
+  CountingBackend counter(GetParam());
+  auto fast = torch::compile(fn, torchcompile::CompileOptions(counter.name).with_dynamic(true));
+  for (int64_t t : {3, 4, 5, 6, 9, 10, 13, 14, 7, 11, 15, 4}) {
+    auto x = torch::randn({2, t, 16});  // no size equal to another (duck sizing)
+    auto got = fast(x), expected = fn(x);
+    ASSERT_EQ(got.sizes(), expected.sizes()) << "T = " << t;
+    ASSERT_TRUE(tensors_close(got, expected, 1e-5, 1e-6)) << "T = " << t;
+  }
+  // dynamic = true keeps the T host code read static in the first entry (its feature size is the
+  // symbol); T changing makes the second entry, whose graph has size expressions.
+  EXPECT_EQ(fast.state().num_entries(), 2u);
+  EXPECT_TRUE(fast.state().entries().front()->symbolic_graph());
+}
+
 // Copies the parameters and buffers of `from` into `to` (same module type).
 void copy_state(torch::nn::Module& from, torch::nn::Module& to) {
   torch::NoGradGuard no_grad;

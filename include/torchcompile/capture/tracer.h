@@ -59,9 +59,10 @@ bool known_without_meta_kernel(const c10::OperatorHandle& op);
 c10::IValue map_tensors(const c10::IValue& v, const std::function<at::Tensor(const at::Tensor&)>& f);
 void note_without_meta_kernel(const c10::OperatorHandle& op);
 
-/// Thrown out of the forward by a shape-only trace (Tracer::set_shapes_only) at a host read of data.
+/// Thrown out of the forward by a shape-only trace (Tracer::set_shapes_only) at a host read of
+/// data, or at the next op after the trace failed (the forward cannot go on with meta tensors).
 struct ShapesOnlyStopped : std::runtime_error {
-  explicit ShapesOnlyStopped(const std::string& op);
+  explicit ShapesOnlyStopped(const std::string& why);
 };
 
 /// One trace. Not thread-safe: a Tracer belongs to the thread that activates it.
