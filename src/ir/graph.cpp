@@ -374,22 +374,17 @@ std::map<std::string, int64_t> Graph::symbol_examples() const {
 std::map<std::string, int64_t> Graph::symbol_values(const std::vector<at::Tensor>& inputs) const {
   std::map<std::string, int64_t> out;
   if (symbols_.empty()) return out;
-  size_t i = 0;
-  for (const auto& n : nodes_) {
-    if (n->kind() != NodeKind::Placeholder) continue;
-    TORCH_CHECK(i < inputs.size(), "Graph::symbol_values: the graph has more placeholders than the ", inputs.size(),
+  const std::vector<std::pair<size_t, int64_t>> bindings = symbol_bindings();
+  for (size_t k = 0; k < symbols_.size(); ++k) {
+    const auto [input, dim] = bindings[k];
+    TORCH_CHECK(input < inputs.size(), "Graph::symbol_values: the graph has more placeholders than the ", inputs.size(),
                 " inputs given");
-    const TensorMeta& m = n->output_meta_.at(0);
-    const at::Tensor& t = inputs[i++];
-    if (!m.symbolic()) continue;
-    TORCH_CHECK(t.defined() && static_cast<size_t>(t.dim()) == m.sym_sizes.size(), "Graph::symbol_values: input ",
-                i - 1, " ('", n->name(), "') should have ", m.sym_sizes.size(), " dimensions (", m.str(), "), got ",
-                t.defined() ? std::to_string(t.dim()) : std::string("an undefined tensor"));
-    for (size_t d = 0; d < m.sym_sizes.size(); ++d)
-      if (auto s = m.sym_sizes[d].as_symbol()) out.emplace(*s, t.size(static_cast<int64_t>(d)));
+    const at::Tensor& t = inputs[input];
+    TORCH_CHECK(t.defined() && dim < t.dim(), "Graph::symbol_values: input ", input, " should have a dimension ", dim,
+                " (it binds ", symbols_[k].name, "), got ",
+                t.defined() ? std::to_string(t.dim()) + " dimensions" : std::string("an undefined tensor"));
+    out.emplace(symbols_[k].name, t.size(dim));
   }
-  for (const SizeSymbolDecl& s : symbols_)
-    TORCH_CHECK(out.count(s.name), "Graph::symbol_values: no placeholder dimension binds the size symbol ", s.name);
   return out;
 }
 
