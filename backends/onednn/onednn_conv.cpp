@@ -7,6 +7,8 @@
 //    oneDNN's Winograd algorithm where it applies (PlainPrimitiveStep).
 #include "onednn_internal.h"
 
+#include <cstdio>
+
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
@@ -84,6 +86,13 @@ std::shared_ptr<PackedHolder> pack_conv(const Group& g, const md_t& packed_md, c
   const std::optional<FoldedBatchNorm> bn = g.bn;
   const int64_t G = g.groups;
   const bool transposed = g.transposed;
+  // Which sources are which, and the folding's constant.
+  std::string what = "conv G=" + std::to_string(G) + (transposed ? " transposed" : "") + (bt ? " bias" : "");
+  if (bn) {
+    char eps[32];
+    std::snprintf(eps, sizeof eps, "%.17g", bn->eps);
+    what += std::string(" bn(") + eps + (bn->weight ? " weight" : "") + (bn->bias ? " bias" : "") + ")";
+  }
   return std::make_shared<PackedHolder>(sources, [=]() {
     auto p = std::make_shared<Packed>();
     record_sources(*p, sources);
@@ -109,7 +118,7 @@ std::shared_ptr<PackedHolder> pack_conv(const Group& g, const md_t& packed_md, c
     p->weight = at::empty({static_cast<int64_t>(packed_md.get_size()) + 64}, at::kByte);
     reorder_now(user, W.data_ptr(), packed_md, p->weight.data_ptr());
     return std::shared_ptr<const Packed>(std::move(p));
-  });
+  }, PackKey{what, {packed_md}});
 }
 
 }  // namespace

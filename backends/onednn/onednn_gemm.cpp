@@ -246,7 +246,7 @@ bool Compiler::emit_linear(Group& g, bool batched) {
         p->weight = at::empty({static_cast<int64_t>(packed_md.get_size()) + 64}, at::kByte);
         reorder_now(user, w.data_ptr(), packed_md, p->weight.data_ptr());
         return std::shared_ptr<const Packed>(std::move(p));
-      });
+      }, PackKey{transposed ? "linear^T" : "linear", {packed_md}});
     } else {
       s->wei = plain_in(g.weight);
       reads.push_back(s->wei.slot);

@@ -196,7 +196,11 @@ std::unique_ptr<Step> make_rnn_step(const RnnSpec& spec, PlainIn x, PlainIn h0, 
     Layer& stored = s->layers.back();
     const RnnSpec sp = spec;
     const Layer shape = L;  // the pack reads only the layouts
-    stored.packed = std::make_shared<PackedHolder>(sources, [sp, shape, sources] { return pack_layer(sp, shape, sources); });
+    stored.packed = std::make_shared<PackedHolder>(
+        sources, [sp, shape, sources] { return pack_layer(sp, shape, sources); },
+        PackKey{std::string(spec.gru ? "gru" : "lstm") + " dirs=" + std::to_string(spec.dirs) +
+                    (spec.has_biases ? " biases" : ""),
+                {L.wei_layer, L.wei_iter, L.bias}});
   }
   s->out_sizes = {T, N, D * H};
   s->state_sizes = {spec.layers * D, N, H};

@@ -3,7 +3,9 @@
 #include <torchcompile/ir/op_step.h>
 
 #include <ATen/ATen.h>
+#include <c10/util/intrusive_ptr.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace torchcompile::backends::onednn::detail {
@@ -39,12 +41,35 @@ const at::Tensor& PlainIn::get(const Ctx& c, at::Tensor& tmp) const {
   return tmp;
 }
 
-PackedHolder::PackedHolder(std::vector<const at::Tensor*> sources, PackFn pack)
-    : sources_(std::move(sources)), pack_(std::move(pack)) {
-  current_ = pack_();
+PackedHolder::PackedHolder(std::vector<const at::Tensor*> sources, PackFn pack, std::optional<PackKey> share)
+    : sources_(std::move(sources)), pack_(std::move(pack)), share_(std::move(share)) {
+  current_ = make();
 }
 
 namespace {
+
+// Packs any holder may share (PackKey): the sources are held weakly, which keeps their
+// TensorImpl's address from being reused by another tensor while the entry exists, and the pack
+// weakly (it lives as long as a holder uses it).
+struct SharedPack {
+  std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> sources;
+  PackKey key;
+  std::weak_ptr<const Packed> pack;
+};
+std::mutex shared_packs_mutex;
+std::vector<SharedPack>& shared_packs() {
+  static auto* packs = new std::vector<SharedPack>();  // never destroyed: holders may outlive statics
+  return *packs;
+}
+
+bool same_sources(const SharedPack& e, const std::vector<const at::Tensor*>& sources) {
+  if (e.sources.size() != sources.size()) return false;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    auto alive = e.sources[i].lock();
+    if (alive.get() != sources[i]->unsafeGetTensorImpl()) return false;
+  }
+  return true;
+}
 
 // The gradient of `t` without LibTorch's warning for non-leaf tensors.
 const at::Tensor& grad_of(const at::Tensor& t) { return t.unsafeGetTensorImpl()->grad(); }
@@ -96,6 +121,25 @@ bool PackedHolder::valid(const Packed& p) const {
   return true;
 }
 
+std::shared_ptr<const Packed> PackedHolder::make() {
+  if (!share_) return pack_();
+  {
+    std::lock_guard<std::mutex> lock(shared_packs_mutex);
+    auto& packs = shared_packs();
+    packs.erase(std::remove_if(packs.begin(), packs.end(), [](const SharedPack& e) { return e.pack.expired(); }),
+                packs.end());
+    for (const SharedPack& e : packs)
+      if (e.key == *share_ && same_sources(e, sources_))
+        if (auto p = e.pack.lock(); p && valid(*p)) return p;
+  }
+  std::shared_ptr<const Packed> p = pack_();
+  SharedPack entry{{}, *share_, p};
+  for (const at::Tensor* s : sources_) entry.sources.emplace_back(s->getIntrusivePtr());
+  std::lock_guard<std::mutex> lock(shared_packs_mutex);
+  shared_packs().push_back(std::move(entry));
+  return p;
+}
+
 std::shared_ptr<const Packed> PackedHolder::get() {
   std::shared_ptr<const Packed> p = std::atomic_load(&current_);
   if (C10_LIKELY(valid(*p))) return p;
@@ -103,7 +147,7 @@ std::shared_ptr<const Packed> PackedHolder::get() {
   p = std::atomic_load(&current_);
   if (valid(*p)) return p;
   // A new pack: calls still running keep the old one alive through their shared_ptr.
-  p = pack_();
+  p = make();
   std::atomic_store(&current_, p);
   return p;
 }

@@ -67,18 +67,32 @@ struct Packed {
   bool nonfinite = false;  // the packed weight or bias holds a NaN or an infinity
 };
 
+/// What a pack is besides its sources: the transform and the packed layouts. Packs of the same
+/// source tensors (at the same versions) with equal keys hold the same bytes, so every compiled
+/// graph that asks for one shares it (a graph compiled for several sizes by compile_per_shape,
+/// or compiled again) instead of packing the weights again.
+struct PackKey {
+  std::string what;                          ///< the transform: "linear^T", "conv G=1 bn(1e-05)", ...
+  std::vector<dnnl::memory::desc> layouts;  ///< the packed layouts
+  bool operator==(const PackKey& o) const { return what == o.what && layouts == o.layouts; }
+};
+
 class PackedHolder {
  public:
   using PackFn = std::function<std::shared_ptr<const Packed>()>;
-  PackedHolder(std::vector<const at::Tensor*> sources, PackFn pack);
+  /// With `share`, a pack of the same sources and key that another holder made (and that is
+  /// still current for the sources) is taken instead of calling `pack`.
+  PackedHolder(std::vector<const at::Tensor*> sources, PackFn pack, std::optional<PackKey> share = std::nullopt);
   /// The current pack, re-packed first if a source changed identity or version.
   std::shared_ptr<const Packed> get();
   const std::vector<const at::Tensor*>& sources() const { return sources_; }
 
  private:
   bool valid(const Packed& p) const;
+  std::shared_ptr<const Packed> make();  // pack_, or a shared pack (share_)
   std::vector<const at::Tensor*> sources_;
   PackFn pack_;
+  std::optional<PackKey> share_;
   std::shared_ptr<const Packed> current_;
   std::mutex mutex_;
 };

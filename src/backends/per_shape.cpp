@@ -3,11 +3,14 @@
 #include <torchcompile/backends/backend.h>
 
 #include <torchcompile/ir/interpreter.h>
+#include <torchcompile/ir/op_properties.h>
 #include <torchcompile/ir/split.h>
 #include <torchcompile/support/logging.h>
 
 #include <c10/util/Exception.h>
 
+#include "capture/metadata_at.h"
+#include "ir/effects.h"
 #include "support/by_size.h"
 
 #include <algorithm>
@@ -32,7 +35,10 @@ struct Specialization {
 class PerShape {
  public:
   PerShape(GraphModule& gm, Backend static_backend)
-      : gm_(gm), static_backend_(std::move(static_backend)), bindings_(gm.graph().symbol_bindings()) {}
+      : gm_(gm),
+        static_backend_(std::move(static_backend)),
+        metadata_without_data_(pure_with_data_independent_sizes(gm)),
+        bindings_(gm.graph().symbol_bindings()) {}
 
   SizeValues key_of(const std::vector<at::Tensor>& inputs) const {
     SizeValues key;
@@ -71,55 +77,109 @@ class PerShape {
     items_.insert(std::move(key), std::make_shared<const Specialization>(std::move(s)));
   }
 
-  // Run the graph at these sizes, recording every value's metadata into a static copy; compile
-  // that copy for the next calls with these sizes. Returns this call's results.
+  // A static copy of the graph at these sizes, compiled for the next calls with them; returns
+  // this call's results. The copy's metadata comes from running its ops on meta tensors
+  // (capture::metadata_at) and the compiled function computes this call, when the graph is pure
+  // and no op's result sizes depend on the data; otherwise, or if that fails, from running the
+  // graph on these inputs (the interpreter), whose results this call returns.
   std::vector<at::Tensor> specialize(const SizeValues& key, std::vector<at::Tensor> inputs) {
     auto gm = std::shared_ptr<GraphModule>(ir::copy_module(gm_));
     gm->graph().clear_symbols(gm_.graph().symbol_values(inputs));  // size expressions take these sizes' values
-    std::unordered_map<const ir::Node*, std::vector<ir::TensorMeta>> seen;
+    std::vector<ir::TensorMeta> input_metas;
+    for (const at::Tensor& t : inputs) input_metas.push_back(ir::TensorMeta::of(t));
+    if (metadata_without_data_) {
+      try {
+        set_metadata(*gm, input_metas, capture::metadata_at(*gm, input_metas), /*keep_device=*/true);
+        std::string how;
+        CompiledFn fn = compile(*gm, inputs, how);
+        std::vector<at::Tensor> outputs = fn(inputs);
+        TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "compile_per_shape: new sizes ", c10::IntArrayRef(key), ": ", how);
+        insert(key, Specialization{gm, std::move(fn)});
+        return outputs;
+      } catch (const std::exception& e) {
+        // A pure graph: running it again below changes nothing but the time.
+        TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "compile_per_shape: new sizes ", c10::IntArrayRef(key),
+                         ": the graph's metadata from meta tensors did not serve (", e.what(),
+                         "); recording it on the inputs");
+        gm = std::shared_ptr<GraphModule>(ir::copy_module(gm_));
+        gm->graph().clear_symbols(gm_.graph().symbol_values(inputs));
+      }
+    }
+    std::unordered_map<std::string, std::vector<ir::TensorMeta>> seen;
     std::vector<at::Tensor> outputs;
     {
       ir::Interpreter recording(*gm);
       recording.override_if([](const ir::Node&) { return true; },
                             [&seen](const ir::Node& n, const std::vector<c10::IValue>& args) {
                               std::vector<at::Tensor> out = ir::run_target(n, args);
-                              std::vector<ir::TensorMeta>& metas = seen[&n];
+                              std::vector<ir::TensorMeta>& metas = seen[n.name()];
                               for (const at::Tensor& t : out) metas.push_back(ir::TensorMeta::of(t));
                               return out;
                             });
-      std::vector<ir::TensorMeta> input_metas;
-      for (const at::Tensor& t : inputs) input_metas.push_back(ir::TensorMeta::of(t));
       outputs = recording.run(inputs);
-      size_t input = 0;
-      for (const auto& node : gm->graph().nodes()) {
-        ir::Node* n = node.get();
-        if (n->kind() == ir::NodeKind::Placeholder) {
-          n->set_output_meta(0, input_metas.at(input++));
-          continue;
-        }
-        auto it = seen.find(n);
-        if (it == seen.end()) continue;
-        TORCH_CHECK(it->second.size() == n->num_outputs(), "compile_per_shape: node '", n->name(), "' returned ",
-                    it->second.size(), " values at new sizes; the graph has ", n->num_outputs());
-        for (size_t i = 0; i < it->second.size(); ++i) n->set_output_meta(i, std::move(it->second[i]));
-      }
     }
+    set_metadata(*gm, input_metas, std::move(seen));
     std::string how;
-    CompiledFn fn;
-    try {
-      fn = static_backend_(*gm, inputs);
-      how = fn ? "compiled" : "declined (" + detail::take_decline_reason() + "); the interpreter runs them";
-    } catch (const std::exception& e) {
-      how = std::string("failed (") + e.what() + "); the interpreter runs them";
-    }
-    if (!fn) fn = ir::interpreter_fn(*gm);
+    CompiledFn fn = compile(*gm, inputs, how);
     TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "compile_per_shape: new sizes ", c10::IntArrayRef(key), ": ", how);
     insert(key, Specialization{gm, std::move(fn)});
     return outputs;
   }
 
+  // Gives every node of `gm` the metadata `seen` has for it (by name), placeholders `inputs`'.
+  // With `keep_device`, each value keeps the device and requires_grad of its traced metadata
+  // (`seen` comes from meta tensors).
+  static void set_metadata(GraphModule& gm, const std::vector<ir::TensorMeta>& inputs,
+                           std::unordered_map<std::string, std::vector<ir::TensorMeta>> seen,
+                           bool keep_device = false) {
+    size_t input = 0;
+    for (const auto& node : gm.graph().nodes()) {
+      ir::Node* n = node.get();
+      if (n->kind() == ir::NodeKind::Placeholder) {
+        n->set_output_meta(0, inputs.at(input++));
+        continue;
+      }
+      auto it = seen.find(n->name());
+      if (it == seen.end()) continue;
+      TORCH_CHECK(it->second.size() == n->num_outputs(), "compile_per_shape: node '", n->name(), "' returned ",
+                  it->second.size(), " values at new sizes; the graph has ", n->num_outputs());
+      for (size_t i = 0; i < it->second.size(); ++i) {
+        ir::TensorMeta& m = it->second[i];
+        if (keep_device) {
+          const ir::TensorMeta& traced = n->output_meta()[i];
+          m.device = traced.device;
+          m.requires_grad = traced.requires_grad;
+        }
+        n->set_output_meta(i, std::move(m));
+      }
+    }
+  }
+
+  // The static backend's function for `gm`, or the interpreter's where it declines or fails
+  // (`how` says which).
+  CompiledFn compile(GraphModule& gm, const std::vector<at::Tensor>& inputs, std::string& how) {
+    CompiledFn fn;
+    try {
+      fn = static_backend_(gm, inputs);
+      how = fn ? "compiled" : "declined (" + detail::take_decline_reason() + "); the interpreter runs them";
+    } catch (const std::exception& e) {
+      how = std::string("failed (") + e.what() + "); the interpreter runs them";
+    }
+    if (!fn) fn = ir::interpreter_fn(gm);
+    return fn;
+  }
+
+  // Whether specialize may take a new size's metadata from meta tensors (see there).
+  static bool pure_with_data_independent_sizes(const GraphModule& gm) {
+    if (ir::effects_of(gm).any()) return false;
+    for (const auto& n : gm.graph().nodes())
+      if (ir::node_results_depend_on_data(*n)) return false;
+    return true;
+  }
+
   GraphModule& gm_;  // the graph with symbols; the runtime keeps it alive as long as the CompiledFn
   Backend static_backend_;
+  bool metadata_without_data_;
   std::vector<std::pair<size_t, int64_t>> bindings_;
   std::mutex specialize_mutex_;
   support::BySize<std::shared_ptr<const Specialization>> items_;  // the 64 most recent sizes

@@ -1,6 +1,7 @@
 // The tracer (capture/tracer.h): its recording state, the dispatcher fallback that feeds it, and
 // the finished segments (capture/segment_records.h).
 #include <torchcompile/capture/tracer.h>
+
 #include <torchcompile/compat.h>
 #include <torchcompile/ir/op_properties.h>
 #include <torchcompile/ir/passes.h>
@@ -14,6 +15,7 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
+#include "capture/metadata_at.h"
 #include "capture/observed.h"
 #include "capture/segment_records.h"
 
@@ -172,19 +174,26 @@ struct Tracer::Impl {
         }));
     };
     c10::impl::ExcludeDispatchKeyGuard no_tracing(key);
-    bool zeros = known_without_meta_kernel(op);
+    const bool known = known_without_meta_kernel(op);
+    bool zeros = known;
     if (!zeros) {
       try {
         convert(false);
         op.callBoxed(stack);
       } catch (const c10::Error&) {
-        zeros = true;  // no meta kernel
-        note_without_meta_kernel(op);
+        zeros = true;  // no meta kernel, or the arguments are wrong for the op (below)
       }
     }
     if (zeros) {
-      convert(true);
-      op.callBoxed(stack);
+      convert(false);
+      if (auto r = pointwise_on_meta(op, std::vector<c10::IValue>(stack->begin() + base, stack->end()))) {
+        stack->resize(base);
+        stack->push_back(std::move(*r));
+      } else {
+        convert(true);
+        op.callBoxed(stack);  // throws if the arguments are wrong: not a missing meta kernel
+      }
+      if (!known) note_without_meta_kernel(op);
     }
     const size_t num_returns = op.schema().returns().size();
     for (size_t i = stack->size() - num_returns; i < stack->size(); ++i)

@@ -14,6 +14,7 @@
 // no result depends on it being right: backends that compile for concrete sizes record the
 // metadata of each new size by running the graph (compile_per_shape), and the runtime checks the
 // sizes of every result of a graph with symbols against its expressions.
+#include "capture/metadata_at.h"
 #include "runtime/dynamic_entry.h"
 #include "support/rng_state_guard.h"
 
@@ -40,56 +41,6 @@ namespace {
 using ir::SymExpr;
 using ir::TensorMeta;
 using Point = std::vector<int64_t>;  // one value per symbol
-
-at::Tensor on_meta(const at::Tensor& t) {
-  if (!t.defined()) return t;
-  return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta).requires_grad(false));
-}
-
-at::Tensor zeros_like_strided(const at::Tensor& t) {
-  if (!t.defined()) return t;
-  at::Tensor z = at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kCPU).requires_grad(false));
-  z.zero_();
-  return z;
-}
-
-// The metadata of every node's outputs when the graph runs on inputs of these sizes.
-std::unordered_map<std::string, std::vector<TensorMeta>> probe(const GraphModule& gm,
-                                                              const std::vector<TensorMeta>& inputs) {
-  auto copy = ir::copy_module(gm);
-  for (const auto& [name, attr] : gm.attributes()) copy->set_attribute(name, on_meta(attr.first), attr.second);
-  std::unordered_map<std::string, std::vector<TensorMeta>> out;
-  ir::Interpreter interp(*copy);
-  interp.override_if([](const ir::Node&) { return true; },
-                     [&out](const ir::Node& n, const std::vector<c10::IValue>& args) {
-                       std::vector<at::Tensor> results;
-                       bool zeros = n.has_op() && !n.callable() && capture::known_without_meta_kernel(n.op());
-                       if (!zeros) {
-                         try {
-                           results = ir::run_target(n, args);
-                         } catch (const c10::Error&) {
-                           zeros = true;
-                           if (n.has_op() && !n.callable()) capture::note_without_meta_kernel(n.op());
-                         }
-                       }
-                       if (zeros) {
-                         // No meta kernel: run it on zeros of these sizes.
-                         std::vector<c10::IValue> real;
-                         for (const c10::IValue& a : args) real.push_back(capture::map_tensors(a, zeros_like_strided));
-                         results = ir::run_target(n, real);
-                         for (at::Tensor& t : results) t = on_meta(t);
-                       }
-                       std::vector<TensorMeta>& metas = out[n.name()];
-                       for (const at::Tensor& t : results) metas.push_back(TensorMeta::of(t));
-                       return results;
-                     });
-  std::vector<at::Tensor> args;
-  for (const TensorMeta& m : inputs)
-    args.push_back(m.defined ? at::empty_strided(m.sizes, m.strides, at::TensorOptions().dtype(m.dtype).device(c10::kMeta))
-                             : at::Tensor());
-  interp.run(std::move(args));
-  return out;
-}
 
 // Basis functions of the fits: a name and its value at a point.
 struct Feature {
@@ -349,7 +300,7 @@ std::string make_symbolic(GraphModule& gm, DynamicPlan& plan, const std::vector<
       Point point = (*pts)[0];
       point[k] = (*pts)[1][k];
       try {
-        probe(gm, input_metas_at(plan, inputs, point));
+        capture::metadata_at(gm, input_metas_at(plan, inputs, point));
       } catch (const std::exception& e) {
         drop[k] = any = true;
         std::string dims;
@@ -372,7 +323,7 @@ std::string make_symbolic(GraphModule& gm, DynamicPlan& plan, const std::vector<
   if (!pts) return why;
   std::vector<std::unordered_map<std::string, std::vector<TensorMeta>>> seen(pts->size());
   try {
-    for (size_t p = 1; p < pts->size(); ++p) seen[p] = probe(gm, input_metas_at(plan, inputs, (*pts)[p]));
+    for (size_t p = 1; p < pts->size(); ++p) seen[p] = capture::metadata_at(gm, input_metas_at(plan, inputs, (*pts)[p]));
   } catch (const std::exception& e) {
     return "running the graph's ops at other sizes failed: " + first_line(e);
   }

@@ -55,6 +55,7 @@
 //   --results_md=FILE    write the result tables (markdown) to FILE
 //   --results_tsv=FILE   write the speedups (rows x compiled modes, "?" = missing) for plotting
 //   --first_call_reps=N  fresh compiles timed per (row, mode); 0 skips the first-call table
+//   --new_sizes=N        new sizes timed per dynamic mode on M1-M5 (default 5); 0 skips that table
 // The tables are also printed to stdout at the end.
 //
 // Run with glibc malloc tuned (scripts/bench-models.sh sets MALLOC_MMAP_THRESHOLD_ and
@@ -80,6 +81,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <tuple>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -228,12 +230,38 @@ struct CompileInfo {
 struct Runner {
   std::function<torch::Tensor()> call;
   std::function<CompileInfo()> info;  ///< empty for eager
+  /// Inference rows: a call with the first input's dimension 0 of size `n` (its rows repeated or
+  /// cut), the input made now so that calls of the result time only the call.
+  std::function<std::function<torch::Tensor()>(int64_t n)> at_rows;
 };
+
+/// `x` with `n` rows along dimension 0 (its rows repeated, then cut), contiguous.
+torch::Tensor with_rows(const torch::Tensor& x, int64_t n) {
+  std::vector<int64_t> reps(x.dim(), 1);
+  reps[0] = (n + x.size(0) - 1) / x.size(0);
+  return x.repeat(reps).narrow(0, 0, n).contiguous();
+}
+
+/// `inputs` with the first one at `n` rows (with_rows).
+template <typename First, typename... Rest>
+std::tuple<First, Rest...> inputs_with_rows(int64_t n, const First& first, const Rest&... rest) {
+  return std::tuple<First, Rest...>(with_rows(first, n), rest...);
+}
+
+/// Runner::at_rows of a callable `f` taking `inputs`.
+template <typename F, typename... In>
+std::function<std::function<torch::Tensor()>(int64_t)> at_rows_of(F f, In... inputs) {
+  return [f, inputs...](int64_t n) -> std::function<torch::Tensor()> {
+    auto args = inputs_with_rows(n, inputs...);
+    return [f, args]() mutable { return std::apply([&](auto&... a) { return f(a...); }, args); };
+  };
+}
 
 /// A row's model and inputs, built once (seed 0) and shared by all its modes.
 struct Instance {
   bool training = false;
   std::vector<torch::Tensor> params;  ///< training rows: gradients reset and checked
+  int64_t traced_rows = 0;             ///< size of the first input's dimension 0
   Runner eager;
   /// A fresh torch::compile of the model with `backend` (nothing is called yet).
   std::function<Runner(const std::string& backend, bool dynamic)> compile;
@@ -281,11 +309,13 @@ Instance module_instance(std::shared_ptr<M> m, bool training, In... inputs) {
     eager = as_step(inst.params, eager);
   }
   inst.eager.call = eager;
+  inst.traced_rows = std::get<0>(std::forward_as_tuple(inputs...)).size(0);
+  if (!training) inst.eager.at_rows = at_rows_of([m](auto&... a) { return m->forward(a...); }, inputs...);
   inst.compile = [m, training, params = inst.params, inputs...](const std::string& backend, bool dynamic) {
     auto c = torch::compile(m, torchcompile::CompileOptions(backend).with_dynamic(dynamic));
     std::function<torch::Tensor()> call = [c, inputs...]() mutable { return c(inputs...); };
-    if (training) call = as_step(params, call);
-    return Runner{call, info_of(c)};
+    if (training) return Runner{as_step(params, call), info_of(c), {}};
+    return Runner{call, info_of(c), at_rows_of([c](auto&... a) mutable { return c(a...); }, inputs...)};
   };
   return inst;
 }
@@ -295,9 +325,12 @@ template <typename F, typename... In>
 Instance function_instance(F fn, In... inputs) {
   Instance inst;
   inst.eager.call = [fn, inputs...]() { return fn(inputs...); };
+  inst.traced_rows = std::get<0>(std::forward_as_tuple(inputs...)).size(0);
+  inst.eager.at_rows = at_rows_of([fn](auto&... a) { return fn(a...); }, inputs...);
   inst.compile = [fn, inputs...](const std::string& backend, bool dynamic) {
     auto c = torch::compile(fn, torchcompile::CompileOptions(backend).with_dynamic(dynamic));
-    return Runner{[c, inputs...]() mutable { return c(inputs...); }, info_of(c)};
+    return Runner{[c, inputs...]() mutable { return c(inputs...); }, info_of(c),
+                  at_rows_of([c](auto&... a) mutable { return c(a...); }, inputs...)};
   };
   return inst;
 }
@@ -628,11 +661,23 @@ struct Cell {
   int64_t held_bytes = -1, peak_bytes = -1;
 };
 
+/// A dynamic entry's first call at new sizes against its warm calls there (measure_new_sizes).
+struct NewSize {
+  size_t row = 0, mode = 0;
+  std::string sizes;        ///< the sizes of dimension 0 called, "65..69"
+  double first_ms = NAN;    ///< median over the sizes of the first call at each
+  double warm_ms = NAN;     ///< median over the sizes of a warm call at each
+  double ratio = NAN;       ///< median over the sizes of first / warm
+  double eager_ms = NAN;    ///< median over the sizes of eager's call at each
+};
+
 struct Results {
   double m2_floor_ms = NAN;  // M2's floor (run_m2_floor), if run
   std::map<std::pair<size_t, size_t>, Cell> cells;
   std::vector<std::string> notes;
   int first_call_reps = 0;
+  int new_sizes = 0;
+  std::vector<NewSize> new_size_rows;
 };
 
 std::string fmt(const char* f, double v) {
@@ -892,6 +937,68 @@ std::string dynamic_table(const Results& res) {
   return os.str();
 }
 
+// For M1-M5 under each dynamic mode that ran: a fresh compile called at the traced size, then at
+// `res.new_sizes` sizes of dimension 0 it has not seen (traced + 1, + 2, ...): the first call at
+// each (what a new size costs: no backend compile for a symbolic graph, compile_per_shape's
+// specialization for backends that compile per size) against the median of 3 warm calls at it.
+void measure_new_sizes(Results& res) {
+  for (const char* id : {"M1", "M2", "M3", "M4", "M5"}) {
+    const size_t r = row_index(id);
+    for (size_t m = 0; m < modes().size(); ++m) {
+      const Mode& mode = modes()[m];
+      if (!mode.dynamic || !executed().count({r, m}) || !prepared(r, m).error.empty()) continue;
+      Instance& inst = instance(r);
+      torch::NoGradGuard no_grad;
+      NewSize row;
+      row.row = r;
+      row.mode = m;
+      std::vector<double> firsts, warms, ratios, eagers;
+      try {
+        Runner fresh = inst.compile(mode.backend, mode.dynamic);
+        fresh.call();
+        fresh.call();
+        const int64_t traced = inst.traced_rows;
+        for (int k = 1; k <= res.new_sizes; ++k) {
+          const int64_t n = traced + k;
+          auto call = fresh.at_rows(n);
+          auto eager = inst.eager.at_rows(n);
+          const double first = time_call_s(call) * 1e3;
+          std::vector<double> w, e;
+          for (int i = 0; i < 3; ++i) {
+            w.push_back(time_call_s(call) * 1e3);
+            e.push_back(time_call_s(eager) * 1e3);
+          }
+          firsts.push_back(first);
+          warms.push_back(median(w));
+          eagers.push_back(median(e));
+          ratios.push_back(first / warms.back());
+        }
+        row.sizes = std::to_string(traced + 1) + ".." + std::to_string(traced + res.new_sizes);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "bench_models: new sizes of %s/%s threw: %s\n", id, mode.name.c_str(), e.what());
+        continue;
+      }
+      row.first_ms = median(firsts);
+      row.warm_ms = median(warms);
+      row.ratio = median(ratios);
+      row.eager_ms = median(eagers);
+      std::printf("new sizes %-4s %-18s first %10s ms, warm %10s ms, first/warm %s\n", id, mode.name.c_str(),
+                  ms(row.first_ms).c_str(), ms(row.warm_ms).c_str(), speed(row.ratio).c_str());
+      res.new_size_rows.push_back(row);
+    }
+  }
+}
+
+std::string new_size_table(const Results& res) {
+  std::ostringstream os;
+  os << "| row | mode | sizes of dim 0 | first call ms | warm call ms | first / warm | eager ms |\n"
+        "|---|---|---|---:|---:|---:|---:|\n";
+  for (const NewSize& n : res.new_size_rows)
+    os << "| " << rows()[n.row].id << " | " << modes()[n.mode].name << " | " << n.sizes << " | " << ms(n.first_ms)
+       << " | " << ms(n.warm_ms) << " | " << speed(n.ratio) << " | " << ms(n.eager_ms) << " |\n";
+  return os.str();
+}
+
 std::string report(Results& res) {
   res.notes.clear();
   std::ostringstream os;
@@ -923,6 +1030,12 @@ std::string report(Results& res) {
     os << "\n## First call, ms (trace + backend compile + one run; median of " << res.first_call_reps
        << " fresh compiles in a warm process)\n\n";
     os << first_call_table(res);
+  }
+  if (!res.new_size_rows.empty()) {
+    os << "\n## New sizes of a dynamic entry (`dynamic = true`): first call at a size not seen yet vs warm calls "
+          "there (medians over "
+       << res.new_sizes << " new sizes of dimension 0)\n\n"
+       << new_size_table(res);
   }
   if (std::any_of(res.cells.begin(), res.cells.end(), [](const auto& kv) { return kv.second.peak_bytes >= 0; })) {
     os << "\n## Memory of one training step, MiB (held between forward and backward / peak; peak ÷ eager's peak)\n\n"
@@ -1027,6 +1140,7 @@ int main(int argc, char** argv) {
   std::string results_md, results_tsv;
   Results res;
   res.first_call_reps = 3;
+  res.new_sizes = 5;
   int kept = 1;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -1039,6 +1153,10 @@ int main(int argc, char** argv) {
     if (value("--results_md", results_md) || value("--results_tsv", results_tsv)) continue;
     if (value("--first_call_reps", v)) {
       res.first_call_reps = std::max(0, std::atoi(v.c_str()));
+      continue;
+    }
+    if (value("--new_sizes", v)) {
+      res.new_sizes = std::max(0, std::atoi(v.c_str()));
       continue;
     }
     argv[kept++] = argv[i];
@@ -1071,6 +1189,10 @@ int main(int argc, char** argv) {
   if (res.first_call_reps > 0) {
     std::printf("\nFirst calls (%d fresh compiles each)\n", res.first_call_reps);
     measure_first_calls(res);
+  }
+  if (res.new_sizes > 0) {
+    std::printf("\nNew sizes (%d each)\n", res.new_sizes);
+    measure_new_sizes(res);
   }
   measure_memory(res);
   const std::string text = report(res);

@@ -50,7 +50,8 @@ struct TraceFailure {
   std::string op;      ///< the operator, if one caused it
 };
 
-/// Operators seen to fail on meta tensors (no meta kernel, in them or in what they call): runs
+/// Operators seen to fail on meta tensors and then to succeed on zero-filled tensors of the same
+/// sizes (no meta kernel, in them or in what they call; an error at wrong sizes is not one): runs
 /// of shapes only (Tracer::set_shapes_only, the runtime's probes at other sizes) call them on
 /// zero-filled tensors directly, instead of paying for another error (a backtrace) each time.
 bool known_without_meta_kernel(const c10::OperatorHandle& op);

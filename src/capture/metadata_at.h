@@ -1,0 +1,32 @@
+// Shape propagation without data: the metadata a graph's values take at other input sizes.
+#pragma once
+
+#include <torchcompile/ir/graph_module.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace torchcompile::capture {
+
+/// The metadata of every node's outputs, by node name, when `gm` runs on inputs with the
+/// metadata `inputs`, computed without data: every op runs on meta tensors (attributes too), an
+/// op without a meta kernel on zeros of its arguments' sizes (known_without_meta_kernel). The
+/// sizes of an op whose result sizes depend on the data (ir::node_results_depend_on_data) are
+/// those of zeros: callers that need them run such graphs on the real inputs. Devices are
+/// `meta` and nothing requires grad: callers keep those of the traced metadata. Throws what an
+/// op throws at these sizes.
+std::unordered_map<std::string, std::vector<ir::TensorMeta>> metadata_at(const ir::GraphModule& gm,
+                                                                       const std::vector<ir::TensorMeta>& inputs);
+
+/// The result of a pointwise operator without a meta kernel (`relu` in LibTorch 1.13) on the
+/// meta tensors in `args`, as a meta tensor: its dtype from a call on one-element zeros, its
+/// sizes the arguments' broadcast and its strides as TensorIterator lays out the kernel's result.
+/// Nothing runs on data of the real sizes. Nullopt where this does not apply (not pointwise, in
+/// place, random, more than one result, tensors in lists) or fails.
+std::optional<at::Tensor> pointwise_on_meta(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args);
+
+}  // namespace torchcompile::capture
