@@ -6,17 +6,20 @@
 #include "support/seed_models.h"
 
 #include <torchcompile/backends/registry.h>
+#include <torchcompile/ir/interpreter.h>
 #include <torchcompile/ir/parser.h>
 #include <torchcompile/ir/printer.h>
 #include <torchcompile/runtime/mark_dynamic.h>
 #include <torchcompile/support/logging.h>
 
 #include "capture/observed.h"
+#include "ir/effects.h"
 #include "runtime/guards.h"
 
 #include <cstdlib>
 #include <atomic>
 #include <map>
+#include <mutex>
 #include <random>
 #include <thread>
 #include <sstream>
@@ -877,11 +880,79 @@ bool replays_forward(const tcr::CompiledFunction& state) {
   return false;
 }
 
+namespace tci = torchcompile::ir;
+
+// A backend for compile_per_shape's metadata at new sizes: its static part compares the metadata
+// of every value of the graph it receives (at the example sizes: the traced graph; at new sizes:
+// from meta tensors, for pure graphs) with the metadata of a real run of the graph on copies of
+// the inputs, notes every difference, and counts the calls of the functions it returns.
+struct MetadataCheck {
+  std::mutex mutex;
+  std::vector<std::string> differences;
+  std::atomic<int> graphs{0}, calls{0};
+};
+MetadataCheck& metadata_check() {
+  static MetadataCheck c;
+  return c;
+}
+
+void register_metadata_check_backend() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    torchcompile::register_backend("per_shape_metadata_check", [](torchcompile::GraphModule& gm,
+                                                                  const std::vector<at::Tensor>& example) {
+      return torchcompile::compile_per_shape(gm, example, [](torchcompile::GraphModule& g,
+                                                             const std::vector<at::Tensor>& inputs)
+                                                              -> torchcompile::CompiledFn {
+        MetadataCheck& check = metadata_check();
+        ++check.graphs;
+        if (!torchcompile::ir::effects_of(g).any()) {
+          std::map<std::string, std::vector<tci::TensorMeta>> real;
+          tci::Interpreter run(g);
+          run.override_if([](const tci::Node&) { return true; },
+                          [&real](const tci::Node& n, const std::vector<c10::IValue>& args) {
+                            std::vector<at::Tensor> out = tci::run_target(n, args);
+                            for (const at::Tensor& t : out) real[n.name()].push_back(tci::TensorMeta::of(t));
+                            return out;
+                          });
+          std::vector<at::Tensor> copies;
+          for (const at::Tensor& t : inputs) copies.push_back(t.defined() ? t.clone() : t);
+          run.run(copies);
+          for (const auto& n : g.graph().nodes()) {
+            auto it = real.find(n->name());
+            if (it == real.end()) continue;
+            for (size_t i = 0; i < it->second.size() && i < n->num_outputs(); ++i) {
+              const tci::TensorMeta &want = it->second[i], &got = n->output_meta()[i];
+              if (!want.defined) continue;
+              if (want.sizes != got.sizes || want.dtype != got.dtype || want.device != got.device ||
+                  (want.strides != got.strides && want.sizes == got.sizes &&
+                   std::find(want.sizes.begin(), want.sizes.end(), 1) == want.sizes.end())) {
+                std::lock_guard<std::mutex> lock(check.mutex);
+                check.differences.push_back("node " + n->name() + " (" + n->target() + "): graph has " + got.str() +
+                                            ", a real run gives " + want.str());
+              }
+            }
+          }
+        }
+        auto fn = tci::interpreter_fn(g);
+        return [fn](std::vector<at::Tensor> in) {
+          ++metadata_check().calls;
+          return fn(std::move(in));
+        };
+      });
+    });
+  });
+}
+
 TEST(DynamicFuzz, RandomProgramsAtRandomSizesMatchEager) {
   torch::NoGradGuard no_grad;
   const int programs = env_int("TORCHCOMPILE_DYNAMIC_FUZZ_PROGRAMS", 40);
   const uint32_t first = static_cast<uint32_t>(env_int("TORCHCOMPILE_DYNAMIC_FUZZ_SEED", 1));
-  const std::vector<std::string> backends = {"eager", "aot_eager", "default"};
+  register_metadata_check_backend();
+  metadata_check().differences.clear();
+  // per_shape_metadata_check: every new size's static graph from compile_per_shape has the
+  // metadata a real run at those sizes gives (sizes, dtypes, devices; strides where no size is 1).
+  const std::vector<std::string> backends = {"eager", "aot_eager", "default", "per_shape_metadata_check"};
   int one_entry = 0;  // programs whose dynamic=true run needed a single entry for sizes >= 2
   for (int k = 0; k < programs; ++k) {
     const uint32_t seed = first + k;
@@ -926,6 +997,30 @@ TEST(DynamicFuzz, RandomProgramsAtRandomSizesMatchEager) {
   }
   // Most programs read no size: the captured graph, recorded again per size, must have served them.
   EXPECT_GE(one_entry * 2, programs) << one_entry << " of " << programs << " programs ran without replays";
+  MetadataCheck& check = metadata_check();
+  EXPECT_GT(check.graphs.load(), 0);
+  EXPECT_TRUE(check.differences.empty()) << check.differences.size() << " differences, the first: "
+                                         << check.differences.front();
+}
+
+// compile_per_shape at a new size: the static backend's function computes that call (it is not
+// run by the interpreter first), once per size.
+TEST(Dynamic, PerShapeSpecializationComputesTheCallThatMadeIt) {
+  torch::NoGradGuard no_grad;
+  register_metadata_check_backend();
+  auto net = std::make_shared<Mlp>();
+  auto fast = torch::compile(net, torchcompile::CompileOptions("per_shape_metadata_check").with_dynamic(true));
+  MetadataCheck& check = metadata_check();
+  check.differences.clear();
+  fast(torch::randn({4, 784}));
+  const int graphs = check.graphs.load(), calls = check.calls.load();
+  for (int64_t n : {9, 5, 9, 13}) {
+    auto x = torch::randn({n, 784});
+    ASSERT_TRUE(tensors_close(fast(x), net->forward(x), 1e-4, 1e-5)) << "batch " << n;
+  }
+  EXPECT_EQ(check.graphs.load() - graphs, 3);  // 9, 5, 13
+  EXPECT_EQ(check.calls.load() - calls, 4);    // every call ran a compiled function
+  EXPECT_TRUE(check.differences.empty()) << check.differences.front();
 }
 
 }  // namespace

@@ -53,9 +53,12 @@ CompiledFn decline(std::string reason);
 /// CompiledFn is then called with inputs of any sizes the symbols take. A backend whose
 /// compiled form depends on the example sizes (primitives, buffers or programs built for them)
 /// returns `compile_per_shape(gm, static_backend)`: at each new combination of symbol values
-/// it runs the graph (the call's results), records every value's metadata at those sizes into
-/// a static copy of the graph, and hands that copy to `static_backend`, whose compiled form
-/// serves those sizes from then on (the most recent 64 combinations are kept). A backend may
+/// it makes a static copy of the graph with every value's metadata at those sizes and hands it
+/// to `static_backend`, whose compiled form computes that call and serves those sizes from then
+/// on (the most recent 64 combinations are kept). The metadata comes from running the graph's
+/// ops on meta tensors (no data); for a graph that writes its inputs or attributes, draws random
+/// numbers or has an op whose result sizes depend on the data, from running the graph on the
+/// call's inputs (whose results that call returns). A backend may
 /// instead `decline(...)` a graph with symbols: the runtime then hands it static graphs, one
 /// per size. For a graph without symbols, compile_per_shape is `static_backend(gm, inputs)`.
 CompiledFn compile_per_shape(GraphModule& gm, const std::vector<at::Tensor>& example_inputs, Backend static_backend);
