@@ -179,6 +179,45 @@ Case& m3_new_size() {
   return c;
 }
 
+// Serving an EmbeddingBag text classifier (tc_test::BagClassifier calling `torch::embedding_bag`,
+// so that nothing is read on the host) over 200 requests of random batch sizes, automatic dynamic:
+// one call of the case serves all 200 (their outputs concatenated). "Warm": the same compiled
+// object serves them again; "fresh": a new torch::compile per pass (every trace and compile in).
+Case make_bag_case(const std::string& backend, bool fresh) {
+  torch::manual_seed(0);
+  tc_test::BagClassifier model(/*aten_op=*/true);
+  model->eval();
+  auto requests = std::make_shared<std::vector<std::pair<torch::Tensor, torch::Tensor>>>(tc_test::bag_requests(200, 5));
+  auto eager = [model, requests](const torch::Tensor&) mutable {
+    std::vector<torch::Tensor> out;
+    for (const auto& [text, offsets] : *requests) out.push_back(model->forward(text, offsets));
+    return torch::cat(out);
+  };
+  using Fast = decltype(torch::compile(model.ptr(), backend));
+  auto fast = std::make_shared<Fast>(torch::compile(model.ptr(), backend));
+  auto compiled = [model, fast, requests, backend, fresh](const torch::Tensor&) {
+    if (fresh) *fast = torch::compile(model.ptr(), backend);
+    std::vector<torch::Tensor> out;
+    for (const auto& [text, offsets] : *requests) out.push_back((*fast)(text, offsets));
+    return torch::cat(out);
+  };
+  Case k{eager, compiled, torch::Tensor(), {}};
+  k.check();
+  return k;
+}
+Case& bag_default_warm() {
+  static Case c = make_bag_case("default", false);
+  return c;
+}
+Case& bag_eager_warm() {
+  static Case c = make_bag_case("eager", false);
+  return c;
+}
+Case& bag_default_fresh() {
+  static Case c = make_bag_case("default", true);
+  return c;
+}
+
 // GPT-style generation of 24 tokens one at a time from a 5-token prompt (the sequence grows by
 // one per call; the forward reads its length): `default` with automatic dynamic. "Warm": the
 // same compiled object generates again (every length seen); "fresh": a new torch::compile per
@@ -503,6 +542,18 @@ void BM_M1_MLP_NewSizeVsWarm_Compiled(benchmark::State& s) { run_compiled(s, m1_
 void BM_M3_Conv_NewSizeVsWarm_Compiled(benchmark::State& s) { run_compiled(s, m3_new_size, "M3 new size vs warm"); }
 BENCHMARK(BM_M1_MLP_NewSizeVsWarm_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_M3_Conv_NewSizeVsWarm_Compiled)->UseManualTime()->Unit(benchmark::kMicrosecond);
+void BM_EmbeddingBag_Serve200_Default_Warm_Compiled(benchmark::State& s) {
+  run_compiled(s, bag_default_warm, "EmbeddingBag 200 requests, default, warm");
+}
+void BM_EmbeddingBag_Serve200_EagerBackend_Warm_Compiled(benchmark::State& s) {
+  run_compiled(s, bag_eager_warm, "EmbeddingBag 200 requests, eager backend, warm");
+}
+void BM_EmbeddingBag_Serve200_Default_Fresh_Compiled(benchmark::State& s) {
+  run_compiled(s, bag_default_fresh, "EmbeddingBag 200 requests, default, fresh");
+}
+BENCHMARK(BM_EmbeddingBag_Serve200_Default_Warm_Compiled)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_EmbeddingBag_Serve200_EagerBackend_Warm_Compiled)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_EmbeddingBag_Serve200_Default_Fresh_Compiled)->UseManualTime()->Unit(benchmark::kMillisecond);
 void BM_Gpt_Generate24_Warm_Compiled(benchmark::State& s) { run_compiled(s, gpt_warm, "GPT generate 24, warm"); }
 void BM_Gpt_Generate24_Fresh_Compiled(benchmark::State& s) { run_compiled(s, gpt_fresh, "GPT generate 24, fresh"); }
 BENCHMARK(BM_Gpt_Generate24_Warm_Compiled)->UseManualTime()->Unit(benchmark::kMillisecond);

@@ -560,6 +560,32 @@ TEST_P(DynamicBackends, GptGenerationCompilesAtMostThreeTimes) {
   }
 }
 
+// Serving an EmbeddingBag text classifier over 200 requests of random batch sizes (1-64 bags of
+// 1-30 tokens). LibTorch's nn::EmbeddingBag checks its offsets on the host at every call
+// (`offsets[0].item()` and `offsets[-1].item()` in F::embedding_bag): two data reads, graph breaks
+// keyed by the values read, and the last offset is the number of tokens, new on nearly every
+// request: each request traces (and compiles) its own branch, and gets eager's result. A forward
+// that calls the ATen operator `torch::embedding_bag` (what the module calls after its checks)
+// reads nothing on the host: the backend is called at most 3 times for all 200 requests.
+TEST_P(DynamicBackends, EmbeddingBagServingGivesEagerResultsAndCompilesAtMostThreeTimes) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(23);
+  const auto requests = tc_test::bag_requests(200, 5);
+  for (bool aten_op : {true, false}) {
+    SCOPED_TRACE(aten_op ? "torch::embedding_bag" : "nn::EmbeddingBag");
+    tc_test::BagClassifier model(aten_op);
+    model->eval();
+    CountingBackend counter(GetParam());
+    auto fast = torch::compile(model.ptr(), counter.name);
+    const size_t n = aten_op ? requests.size() : 40;  // the module's path compiles per request: fewer
+    for (size_t i = 0; i < n; ++i) {
+      const auto& [text, offsets] = requests[i];
+      ASSERT_TRUE(tensors_close(fast(text, offsets), model->forward(text, offsets), 1e-4, 1e-5)) << "request " << i;
+    }
+    if (aten_op) EXPECT_LE(counter.count(), 3);
+  }
+}
+
 // The graph with size expressions is a guess from the first sizes: every new size runs the
 // forward's host code (on meta tensors) and uses the graph only if that run records it. Host code
 // that branches on a size past the first sizes (T > 8), or reads data only at some sizes (a graph

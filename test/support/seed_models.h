@@ -5,6 +5,9 @@
 
 #include <cmath>
 #include <limits>
+#include <random>
+#include <utility>
+#include <vector>
 
 namespace tc_test {
 
@@ -111,6 +114,43 @@ torch::Tensor generate(Forward&& forward, torch::Tensor idx, int steps) {
     idx = torch::cat({idx, next}, 1);
   }
   return idx;
+}
+
+// An EmbeddingBag text classifier (as pytorch/examples' text classification): the mean of each
+// bag's token embeddings, then a Linear. With `aten_op` the forward calls the ATen operator
+// `torch::embedding_bag` with the module's weight instead of the module, which checks its offsets
+// on the host (two data reads per call).
+struct BagClassifierImpl : torch::nn::Module {
+  explicit BagClassifierImpl(bool aten_op)
+      : aten_op(aten_op),
+        bag(register_module("bag", torch::nn::EmbeddingBag(torch::nn::EmbeddingBagOptions(1000, 32).mode(torch::kMean)))),
+        fc(register_module("fc", torch::nn::Linear(32, 4))) {}
+  torch::Tensor forward(torch::Tensor text, torch::Tensor offsets) {
+    if (!aten_op) return fc(bag(text, offsets));
+    return fc(std::get<0>(torch::embedding_bag(bag->weight, text, offsets, /*scale_grad_by_freq=*/false,
+                                               /*mode=mean*/ 1)));
+  }
+  bool aten_op;
+  torch::nn::EmbeddingBag bag;
+  torch::nn::Linear fc;
+};
+TORCH_MODULE(BagClassifier);
+
+// `n` serving requests of 1-64 bags of 1-30 tokens each: (tokens, offsets).
+inline std::vector<std::pair<torch::Tensor, torch::Tensor>> bag_requests(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> requests;
+  for (int i = 0; i < n; ++i) {
+    const int bags = std::uniform_int_distribution<int>(1, 64)(rng);
+    std::vector<int64_t> offsets;
+    int64_t tokens = 0;
+    for (int b = 0; b < bags; ++b) {
+      offsets.push_back(tokens);
+      tokens += std::uniform_int_distribution<int>(1, 30)(rng);
+    }
+    requests.emplace_back(torch::randint(0, 1000, {tokens}), torch::tensor(offsets));
+  }
+  return requests;
 }
 
 }  // namespace tc_test
