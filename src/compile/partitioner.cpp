@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 
 namespace torchcompile {
@@ -82,8 +83,11 @@ Backend partitioned_backend(std::vector<PartitionBackend> backends, size_t min_s
   TORCH_CHECK(!backends.empty(), "partitioned_backend: expected at least one backend");
   for (const auto& b : backends)
     TORCH_CHECK(b.claim && b.compile, "partitioned_backend: backend '", b.name, "' needs a claim and a compile function");
-  Backend static_partitioned = [backends = std::move(backends), min_size](
-                                   GraphModule& gm, const std::vector<at::Tensor>& example_inputs) -> CompiledFn {
+  // Splits `gm` and compiles its parts. A graph with size symbols is split once, its claims made
+  // at the example sizes, and each part keeps the symbols it uses (the part's backend serves its
+  // sizes, compile_per_shape keyed by the part's own inputs); nullopt if a part cannot keep them.
+  auto partitioned = [backends = std::move(backends), min_size](
+                         GraphModule& gm, const std::vector<at::Tensor>& example_inputs) -> std::optional<CompiledFn> {
     // Who runs each node: the first backend claiming it.
     std::unordered_map<const ir::Node*, size_t> owner;
     std::string empty_claims;  // why backends claimed nothing, where they said (decline())
@@ -132,6 +136,8 @@ Backend partitioned_backend(std::vector<PartitionBackend> backends, size_t min_s
     std::vector<std::vector<const ir::Node*>> groups;
     for (const auto& r : runs) groups.push_back(r.nodes);
     ir::SplitGraph split = ir::split_module(gm, groups);
+    for (const ir::SplitPart& part : split.parts)
+      if (part.made_static) return std::nullopt;
 
     size_t compiled = 0, interpreted_ops = count_calls(split.parent->graph());  // call_module nodes not counted
     std::vector<std::string> declines;
@@ -177,10 +183,22 @@ Backend partitioned_backend(std::vector<PartitionBackend> backends, size_t min_s
     auto run = ir::interpreter_fn(*parent);
     return [parent, run](std::vector<at::Tensor> inputs) { return run(std::move(inputs)); };
   };
-  // Claims and parts see concrete sizes: one split per combination of size symbols.
-  return [static_partitioned = std::move(static_partitioned)](GraphModule& gm,
-                                                              const std::vector<at::Tensor>& example_inputs) {
-    return compile_per_shape(gm, example_inputs, static_partitioned);
+  // A graph with size symbols: split once when every part can keep the symbols it uses, so that a
+  // new size rebuilds only the parts whose inputs' sizes changed (a part the interpreter runs
+  // never); else one split per combination of the symbols' values (compile_per_shape).
+  return [partitioned = std::move(partitioned)](GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
+    if (!gm.graph().symbols().empty()) {
+      if (std::optional<CompiledFn> fn = partitioned(gm, example_inputs)) {
+        // Declined at the example sizes (claims and parts saw them): as compile_per_shape says it.
+        if (!*fn) return decline(std::string(detail::kDeclinedAtExampleSizes) + detail::take_decline_reason());
+        return *fn;
+      }
+    }
+    return compile_per_shape(gm, example_inputs, [partitioned](GraphModule& g, const std::vector<at::Tensor>& in) {
+      std::optional<CompiledFn> fn = partitioned(g, in);
+      TORCH_INTERNAL_ASSERT(fn, "partitioned_backend: a graph without size symbols kept none");
+      return *fn;
+    });
   };
 }
 

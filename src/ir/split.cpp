@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <queue>
+#include <set>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -144,7 +145,42 @@ PartPlan plan_part(const std::vector<const Node*>& nodes, int group,
   return p;
 }
 
-std::shared_ptr<GraphModule> build_part(const GraphModule& gm, const PartPlan& p) {
+// The size symbols `g`'s metadata and size expressions use.
+std::set<std::string> used_symbols(const Graph& g) {
+  std::set<std::string> out;
+  auto add = [&out](const SymExpr& e) {
+    for (const std::string& s : e.symbols()) out.insert(s);
+  };
+  for (const auto& n : g.nodes()) {
+    for (const TensorMeta& m : n->output_meta()) {
+      for (const SymExpr& e : m.sym_sizes) add(e);
+      for (const SymExpr& e : m.sym_strides) add(e);
+    }
+    for (const Argument& a : n->args())
+      if (a.is_size_expression())
+        for (const SymExpr& e : a.sym_ints()) add(e);
+  }
+  return out;
+}
+
+// Declares in `part` the symbols of `gm` it uses, if a dimension of its placeholders binds each
+// (Graph::symbol_bindings); otherwise makes it static at the example sizes. Returns whether it
+// keeps its symbols (true for a part of a graph without symbols).
+bool carry_symbols(const GraphModule& gm, Graph& part) {
+  if (gm.graph().symbols().empty()) return true;
+  const std::set<std::string> used = used_symbols(part);
+  std::set<std::string> bound;
+  for (const Node* ph : part.placeholders())
+    for (const SymExpr& e : ph->output_meta().at(0).sym_sizes)
+      if (auto s = e.as_symbol()) bound.insert(*s);
+  const bool all_bound = std::includes(bound.begin(), bound.end(), used.begin(), used.end());
+  for (const SizeSymbolDecl& s : gm.graph().symbols())
+    if (used.count(s.name)) part.add_symbol(s);
+  if (!all_bound) part.clear_symbols();
+  return all_bound;
+}
+
+std::shared_ptr<GraphModule> build_part(const GraphModule& gm, const PartPlan& p, bool* symbolic) {
   auto part = std::make_shared<GraphModule>();
   Graph& g = part->graph();
   std::unordered_map<Value, Value, ValueHash> env;
@@ -167,6 +203,7 @@ std::shared_ptr<GraphModule> build_part(const GraphModule& gm, const PartPlan& p
   std::vector<Value> outs;
   for (const Value& v : p.outputs) outs.push_back(env.at(v));
   g.output(std::move(outs));
+  *symbolic = carry_symbols(gm, g);
   lint(g);
   return part;
 }
@@ -257,11 +294,14 @@ SplitGraph split_module(const GraphModule& gm, const std::vector<std::vector<con
   std::vector<PartPlan> plans;
   for (int k = 0; k < num_groups; ++k) {
     plans.push_back(plan_part(sorted[k], k, group_of));
-    out.parts.push_back({"submod_" + std::to_string(k), build_part(gm, plans.back())});
+    bool symbolic = true;
+    auto module = build_part(gm, plans.back(), &symbolic);
+    out.parts.push_back({"submod_" + std::to_string(k), std::move(module), !symbolic});
   }
   out.parent = std::make_unique<GraphModule>();
   GraphModule& parent = *out.parent;
   Graph& pg = parent.graph();
+  for (const SizeSymbolDecl& s : g.symbols()) pg.add_symbol(s);  // the same placeholders bind them
   std::unordered_map<Value, Value, ValueHash> env;
   auto map = [&](const Value& v) { return env.at(v); };
   auto read_outside_groups = [&](const Node* n) {

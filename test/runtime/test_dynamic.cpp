@@ -586,6 +586,35 @@ TEST_P(DynamicBackends, EmbeddingBagServingGivesEagerResultsAndCompilesAtMostThr
   }
 }
 
+// `default` splits a graph with size symbols once, each part keeping the symbols it uses: a new
+// number of tokens (only the embedding_bag, which the interpreter runs, sees it) builds nothing; a
+// new number of bags builds the Linear's oneDNN part once.
+TEST(Dynamic, DefaultBuildsOnlyThePartsWhoseSizesChanged) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(29);
+  tc_test::BagClassifier model(/*aten_op=*/true);
+  model->eval();
+  torchcompile::logging::set_logs("dynamic");
+  ::testing::internal::CaptureStderr();
+  auto fast = torch::compile(model.ptr(), torchcompile::CompileOptions("default").with_dynamic(true));
+  for (int64_t bags : {3, 5, 7}) {
+    for (int64_t per_bag : {2, 4, 6, 8}) {  // no number of tokens equals a number of bags
+      auto text = torch::randint(0, 1000, {bags * per_bag});
+      auto offsets = torch::arange(0, bags * per_bag, per_bag);
+      ASSERT_TRUE(tensors_close(fast(text, offsets), model->forward(text, offsets), 1e-4, 1e-5))
+          << bags << " bags of " << per_bag;
+    }
+  }
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  torchcompile::logging::set_logs("");
+  size_t builds = 0;
+  for (size_t at = err.find("compile_per_shape: new sizes"); at != std::string::npos;
+       at = err.find("compile_per_shape: new sizes", at + 1))
+    ++builds;
+  EXPECT_EQ(builds, 2u) << err;  // 5 and 7 bags (3 is the example)
+  ASSERT_EQ(fast.state().num_entries(), 1u);
+}
+
 // The graph with size expressions is a guess from the first sizes: every new size runs the
 // forward's host code (on meta tensors) and uses the graph only if that run records it. Host code
 // that branches on a size past the first sizes (T > 8), or reads data only at some sizes (a graph

@@ -44,8 +44,12 @@ struct SplitPart {
   std::string path;
   /// The part's nodes as a graph module: its placeholders are the values it reads from the rest
   /// of the graph, its outputs the values the rest (or the graph's output) reads from it; the
-  /// attributes it reads are copied in (sharing the tensors).
+  /// attributes it reads are copied in (sharing the tensors). In a graph with size symbols the
+  /// part declares the symbols it uses when its placeholders' dimensions bind them all.
   std::shared_ptr<GraphModule> module;
+  /// The graph had size symbols the part uses but its placeholders do not bind (only expressions
+  /// of them reach it, `[4*s0]`): the part was made static, at the example sizes.
+  bool made_static = false;
 };
 
 /// A graph split by split_module.
