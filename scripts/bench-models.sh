@@ -7,8 +7,9 @@
 #   --min-time S          seconds per benchmark repetition (default 0.5)
 #   --repetitions N       repetitions per (model, mode), randomly interleaved (default 5)
 #   --first-call-reps N   fresh compiles whose first call is timed per (model, mode) (default 3)
-#   --quick               smoke run: --min-time 0.05 --repetitions 2 --first-call-reps 1; the
-#                         RESULTS.md it writes is marked as not for comparison
+#   --new-sizes N         sizes never seen timed per dynamic mode on M1-M5 (default 5; 0: none)
+#   --quick               smoke run: --min-time 0.05 --repetitions 2 --first-call-reps 1
+#                         --new-sizes 1; the RESULTS.md it writes is marked as not for comparison
 #   --out-dir DIR         where RESULTS.md and speedups.png go (default test/benchmarks)
 #   --no-build            use the existing binary in BUILD_DIR
 #   --no-chart            do not draw speedups.png (and do not install gnuplot)
@@ -38,6 +39,7 @@ out_dir=$root/test/benchmarks
 min_time=0.5
 repetitions=5
 first_call_reps=3
+new_sizes=5
 quick=0
 do_build=1
 do_chart=1
@@ -51,7 +53,8 @@ while [[ $# -gt 0 ]]; do
     --min-time) min_time=$2; shift 2 ;;
     --repetitions) repetitions=$2; shift 2 ;;
     --first-call-reps) first_call_reps=$2; shift 2 ;;
-    --quick) quick=1; min_time=0.05; repetitions=2; first_call_reps=1; shift ;;
+    --new-sizes) new_sizes=$2; shift 2 ;;
+    --quick) quick=1; min_time=0.05; repetitions=2; first_call_reps=1; new_sizes=1; shift ;;
     --out-dir) out_dir=$(mkdir -p "$2" && cd "$2" && pwd); shift 2 ;;
     --no-build) do_build=0; shift ;;
     --no-chart) do_chart=0; shift ;;
@@ -272,6 +275,7 @@ cmd=("$binary"
      "--benchmark_enable_random_interleaving=true"
      "--benchmark_display_aggregates_only=true"
      "--first_call_reps=$first_call_reps"
+     "--new_sizes=$new_sizes"
      "--results_md=$tmp/results.md"
      "--results_tsv=$tmp/speedups.tsv"
      "${extra[@]}")
