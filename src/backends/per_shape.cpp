@@ -14,6 +14,7 @@
 #include "support/by_size.h"
 
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -54,8 +55,7 @@ class PerShape {
 
   // The static graph at the example sizes (exactly as traced), compiled now.
   CompiledFn compile_example(const std::vector<at::Tensor>& example_inputs) {
-    auto gm = std::shared_ptr<GraphModule>(ir::copy_module(gm_));
-    gm->graph().clear_symbols();
+    auto gm = static_copy(gm_.graph().symbol_examples());
     CompiledFn fn = static_backend_(*gm, example_inputs);
     if (!fn) return fn;
     insert(key_of(example_inputs), Specialization{gm, fn});
@@ -83,8 +83,8 @@ class PerShape {
   // and no op's result sizes depend on the data; otherwise, or if that fails, from running the
   // graph on these inputs (the interpreter), whose results this call returns.
   std::vector<at::Tensor> specialize(const SizeValues& key, std::vector<at::Tensor> inputs) {
-    auto gm = std::shared_ptr<GraphModule>(ir::copy_module(gm_));
-    gm->graph().clear_symbols(gm_.graph().symbol_values(inputs));  // size expressions take these sizes' values
+    const std::map<std::string, int64_t> values = gm_.graph().symbol_values(inputs);
+    auto gm = static_copy(values);
     std::vector<ir::TensorMeta> input_metas;
     for (const at::Tensor& t : inputs) input_metas.push_back(ir::TensorMeta::of(t));
     if (metadata_without_data_) {
@@ -101,8 +101,7 @@ class PerShape {
         TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "compile_per_shape: new sizes ", c10::IntArrayRef(key),
                          ": the graph's metadata from meta tensors did not serve (", e.what(),
                          "); recording it on the inputs");
-        gm = std::shared_ptr<GraphModule>(ir::copy_module(gm_));
-        gm->graph().clear_symbols(gm_.graph().symbol_values(inputs));
+        gm = static_copy(values);
       }
     }
     std::unordered_map<std::string, std::vector<ir::TensorMeta>> seen;
@@ -124,6 +123,13 @@ class PerShape {
     TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "compile_per_shape: new sizes ", c10::IntArrayRef(key), ": ", how);
     insert(key, Specialization{gm, std::move(fn)});
     return outputs;
+  }
+
+  // A copy of the graph without symbols: its size expressions take `values`.
+  std::shared_ptr<GraphModule> static_copy(const std::map<std::string, int64_t>& values) const {
+    auto gm = std::shared_ptr<GraphModule>(ir::copy_module(gm_));
+    gm->graph().clear_symbols(values);
+    return gm;
   }
 
   // Gives every node of `gm` the metadata `seen` has for it (by name), placeholders `inputs`'.
