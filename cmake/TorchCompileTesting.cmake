@@ -15,12 +15,14 @@ target_precompile_headers(tc_test_support PUBLIC ${PROJECT_SOURCE_DIR}/test/supp
 # executables -fPIE (CMAKE_POSITION_INDEPENDENT_CODE is ON), so gcc would ignore the PCH.
 set_target_properties(tc_test_support PROPERTIES POSITION_INDEPENDENT_CODE OFF)
 
-# tc_add_test(<name> <label> <sources...>): one gtest executable, each TEST a CTest test.
+# tc_add_test(<name> <label> <sources...>): one gtest executable, each TEST a CTest test. Every
+# test runs with TORCHCOMPILE_VERIFY_TEXT=1: each graph with size symbols handed to a backend
+# must round-trip through the text format and compute the same after parsing.
 function(tc_add_test name label)
   add_executable(${name} ${ARGN})
   target_link_libraries(${name} PRIVATE tc_test_support)
   target_precompile_headers(${name} REUSE_FROM tc_test_support)
   set_target_properties(${name} PROPERTIES POSITION_INDEPENDENT_CODE OFF)
   gtest_discover_tests(${name} DISCOVERY_TIMEOUT 120 PROPERTIES LABELS "${label}"
-                       ENVIRONMENT "TORCHCOMPILE_TEST_BINARY_DIR=${PROJECT_BINARY_DIR}")
+                       ENVIRONMENT "TORCHCOMPILE_TEST_BINARY_DIR=${PROJECT_BINARY_DIR};TORCHCOMPILE_VERIFY_TEXT=1")
 endfunction()
