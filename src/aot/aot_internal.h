@@ -41,6 +41,8 @@ struct JointGraph {
   std::vector<size_t> mutated_primals;
   std::vector<size_t> grad_primals;
   bool training = false;                  ///< a backward exists
+  /// Non-empty when the pair cannot give eager's gradients (the caller declines the graph).
+  std::string cannot_differentiate;
 };
 
 /// Trace the joint graph of `gm` (docs/training.md). Throws a c10::Error saying why when

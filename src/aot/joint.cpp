@@ -382,6 +382,14 @@ JointGraph build_joint(const ir::GraphModule& gm, const std::vector<at::Tensor>&
       TORCH_CHECK(!j.primals[k].requires_grad || !want_grads, "aot_autograd: the forward updates ",
                   j.primals[k].input < 0 ? "'" + j.primals[k].attribute + "'" : "input " + std::to_string(j.primals[k].input),
                   " in place although it requires grad");
+      if (want_grads && !j.primals[k].requires_grad && wrapped[k].requires_grad() && j.cannot_differentiate.empty()) {
+        // The written value requires grad (`x.copy_(x + w)` into an input that does not): eager
+        // gives the input an autograd history, the pair's write-back (a plain copy) would not.
+        j.cannot_differentiate = "the forward writes a value that requires grad into " +
+                                 (j.primals[k].input < 0 ? "'" + j.primals[k].attribute + "'"
+                                                         : "input " + std::to_string(j.primals[k].input)) +
+                                 ", which does not require grad; the interpreter runs it under autograd";
+      }
       j.mutated_primals.push_back(k);
       joint_outputs.push_back(now);
     }

@@ -96,6 +96,7 @@ class ObservedTensorImpl final : public c10::TensorImpl {
 
   /// Whether reads are seen (false while an op runs on it).
   void set_observing(bool on);
+  bool observing() const { return observing_.load(std::memory_order_relaxed); }
   /// Names it in logs and messages: `input 'x'`, `the result of aten::gt.Scalar`.
   const std::string& label() const { return label_; }
   /// The union of the candidates of all its dimensions.

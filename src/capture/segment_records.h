@@ -29,6 +29,10 @@ struct BranchRecord {
 struct SegmentRecord {
   std::unique_ptr<ir::GraphModule> gm;
   std::vector<uint32_t> input_slots;   ///< slot read by each placeholder, in order
+  /// For each placeholder: a copy of the value its tensor had when the segment read it, where an
+  /// in-place op later in the trace wrote that tensor (undefined where the slot's tensor still
+  /// holds it). The example inputs of the segment's graph (example_inputs()).
+  std::vector<at::Tensor> values_before_writes;
   std::vector<uint32_t> output_slots;  ///< for a segment ending in a branch: slot of each output
   std::optional<BranchRecord> branch;  ///< empty for the last segment (its outputs are results)
 };
@@ -48,5 +52,9 @@ std::vector<SegmentRecord> finish_segments(Tracer& tracer, const std::vector<at:
 
 /// The tensors of every slot of `tracer`'s trace (example inputs of the segments).
 const std::vector<at::Tensor>& slot_tensors(const Tracer& tracer);
+
+/// The example inputs of `record`'s graph: the values its placeholders had when the traced call
+/// ran the segment (`slots`: the trace's slot tensors).
+std::vector<at::Tensor> example_inputs(const SegmentRecord& record, const std::vector<at::Tensor>& slots);
 
 }  // namespace torchcompile::capture

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -227,6 +228,26 @@ struct Tracer::Impl {
   // The segment being recorded.
   std::unique_ptr<ir::GraphModule> gm = std::make_unique<ir::GraphModule>();
   std::vector<uint32_t> segment_inputs;
+  std::vector<std::pair<uint32_t, uint32_t>> segment_input_epochs;  // (slot, write epoch) per placeholder
+  // In-place writes to slot tensors a segment read: each write begins a new epoch of the slot,
+  // and the value the readers of the epoch before saw is kept (their example inputs).
+  std::vector<uint32_t> slot_epoch;
+  std::vector<char> slot_read_in_epoch;
+  std::map<std::pair<uint32_t, uint32_t>, at::Tensor> values_before_writes;
+  std::vector<std::vector<std::pair<uint32_t, uint32_t>>> done_input_epochs;  // segment_input_epochs of `done`
+
+  // After the last segment: give each segment the values its inputs had where a later write
+  // changed them.
+  void note_values_before_writes() {
+    if (values_before_writes.empty()) return;
+    for (size_t k = 0; k < done.size(); ++k) {
+      const auto& epochs = done_input_epochs.at(k);
+      done[k].values_before_writes.assign(epochs.size(), at::Tensor());
+      for (size_t i = 0; i < epochs.size(); ++i)
+        if (auto it = values_before_writes.find(epochs[i]); it != values_before_writes.end())
+          done[k].values_before_writes[i] = it->second;
+    }
+  }
   std::unordered_map<uint32_t, ir::Value> placeholder_of_slot;
   std::unordered_map<const c10::TensorImpl*, ir::Value> values;  // values produced or read in it
   std::unordered_map<const ir::Node*, size_t> op_order;  // call order of the segment's ops
@@ -408,6 +429,8 @@ struct Tracer::Impl {
     auto s = static_cast<uint32_t>(slots.size());
     slots.push_back(t);
     slot_names.push_back(std::move(name));
+    slot_epoch.push_back(0);
+    slot_read_in_epoch.push_back(0);
     // The latest slot wins: a tensor passed through several segments is read from its newest slot.
     slot_of[t.unsafeGetTensorImpl()] = s;
     return s;
@@ -418,7 +441,50 @@ struct Tracer::Impl {
     ir::Value v = gm->graph().placeholder(slot_names[s], ir::TensorMeta::of(slots[s]));
     placeholder_of_slot.emplace(s, v);
     segment_inputs.push_back(s);
+    segment_input_epochs.emplace_back(s, slot_epoch[s]);
+    slot_read_in_epoch[s] = 1;
     return v;
+  }
+
+  // Before an op writes its arguments in place: keep the value of every slot tensor sharing
+  // memory with a written argument that a segment read since the slot's last write, for those
+  // segments' example inputs (a backend compiles a graph with the values it was traced on).
+  void keep_slots_before_write(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t num_args) {
+    const size_t base = stack.size() - num_args;
+    for (size_t i = 0; i < num_args && i < schema.arguments().size(); ++i) {
+      const c10::AliasInfo* alias = schema.arguments()[i].alias_info();
+      if (alias == nullptr || !alias->isWrite()) continue;
+      const c10::IValue& v = stack[base + i];
+      if (v.isTensor()) {
+        keep_slots_aliasing(v.toTensor());
+      } else if (v.isTensorList()) {
+        for (const at::Tensor& t : v.toTensorList()) keep_slots_aliasing(t);
+      }
+    }
+  }
+
+  void keep_slots_aliasing(const at::Tensor& written) {
+    if (!written.defined() || !written.has_storage()) return;
+    // The op reads what it writes: a slot it writes is an input of this segment, read before.
+    const c10::TensorImpl* impl = written.unsafeGetTensorImpl();
+    if (!values.count(impl) && slot_of.count(impl)) value_for(written);
+    for (uint32_t s = 0; s < slots.size(); ++s) {
+      const at::Tensor& t = slots[s];
+      if (!slot_read_in_epoch[s] || !t.defined() || !t.has_storage() || !t.storage().is_alias_of(written.storage()))
+        continue;
+      at::Tensor copy;
+      {
+        c10::impl::ExcludeDispatchKeyGuard no_tracing(key);
+        ObservedTensorImpl* observed = ObservedTensorImpl::of(t);
+        const bool was_observing = observed && observed->observing();
+        if (was_observing) observed->set_observing(false);  // not host code reading its sizes
+        copy = t.detach().clone(at::MemoryFormat::Preserve);
+        if (was_observing) observed->set_observing(true);
+      }
+      values_before_writes.emplace(std::make_pair(s, slot_epoch[s]), std::move(copy));
+      ++slot_epoch[s];
+      slot_read_in_epoch[s] = 0;
+    }
   }
 
   // The graph value for a tensor the forward passed to an op.
@@ -632,9 +698,11 @@ struct Tracer::Impl {
     rec.gm = std::move(gm);
     rec.input_slots = std::move(segment_inputs);
     done.push_back(std::move(rec));
+    done_input_epochs.push_back(std::move(segment_input_epochs));
 
     gm = std::make_unique<ir::GraphModule>();
     segment_inputs.clear();
+    segment_input_epochs.clear();
     placeholder_of_slot.clear();
     values.clear();
     op_order.clear();
@@ -924,6 +992,7 @@ void tracing_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   if (impl.shapes_only) {
     impl.run_on_meta(op, stack, num_args);
   } else {
+    if (ir::op_is_mutating(op)) impl.keep_slots_before_write(schema, *stack, num_args);
     redispatch_below_tracer(key, op, ks, stack);
   }
   const size_t num_returns = schema.returns().size();
@@ -1132,10 +1201,21 @@ std::vector<SegmentRecord> finish_segments(Tracer& tracer, const std::vector<at:
     outs.push_back(*v);
   }
   im.close_segment(std::move(outs), {}, /*is_last=*/true);
+  im.note_values_before_writes();
   return std::move(im.done);
 }
 
 const std::vector<at::Tensor>& slot_tensors(const Tracer& tracer) { return TracerAccess::impl(tracer).slots; }
+
+std::vector<at::Tensor> example_inputs(const SegmentRecord& record, const std::vector<at::Tensor>& slots) {
+  std::vector<at::Tensor> inputs;
+  inputs.reserve(record.input_slots.size());
+  for (size_t i = 0; i < record.input_slots.size(); ++i) {
+    const bool kept = i < record.values_before_writes.size() && record.values_before_writes[i].defined();
+    inputs.push_back(kept ? record.values_before_writes[i] : slots.at(record.input_slots[i]));
+  }
+  return inputs;
+}
 
 std::unique_ptr<ir::GraphModule> Tracer::finish(const std::vector<at::Tensor>& outputs) {
   TORCH_INTERNAL_ASSERT(impl_->done.empty(), "Tracer::finish: the trace has graph breaks; use finish_segments");

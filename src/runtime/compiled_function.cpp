@@ -222,8 +222,7 @@ std::string serve_all_sizes(Segment& root, DynamicPlan plan, std::shared_ptr<Gra
     TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", owner, "): ", static_reason,
                      "; it compiles the static graph, once per size");
     root.gm->graph().clear_symbols();
-    std::vector<at::Tensor> example_inputs;
-    for (uint32_t slot : root.input_slots) example_inputs.push_back(traced.slots.at(slot));
+    const std::vector<at::Tensor> example_inputs = capture::example_inputs(traced.records.front(), traced.slots);
     try {
       compile_stage::CompiledGraph compiled =
           compile_stage::compile_graph(*root.gm, example_inputs, backend, backend_name, owner);

@@ -205,8 +205,7 @@ std::unique_ptr<Segment> compile_chain(TracedRun& traced, size_t from, const Out
     seg->input_slots = r.input_slots;
     seg->output_slots = r.output_slots;
     seg->effects = effects_of(*seg->gm);
-    std::vector<at::Tensor> example_inputs;
-    for (uint32_t s : seg->input_slots) example_inputs.push_back(traced.slots.at(s));
+    const std::vector<at::Tensor> example_inputs = capture::example_inputs(r, traced.slots);
     try {
       compile_stage::CompiledGraph compiled = compile_stage::compile_graph(*seg->gm, example_inputs, backend, backend_name, name);
       seg->fn = std::move(compiled.fn);

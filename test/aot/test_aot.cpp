@@ -337,6 +337,32 @@ TEST(Aot, InPlaceOpsAndViewsAreFunctionalized) {
   ASSERT_EQ(rec.backwards(), 1u);
 }
 
+// An input that does not require grad, given a value that does (`x.copy_(x + w)`): eager gives
+// it an autograd history through which w's gradient flows; the pair's write-back would not, so
+// the graph runs under ordinary autograd (and the next call's gradient too).
+TEST(Aot, AnInputGivenAValueThatRequiresGradKeepsItsHistory) {
+  auto w = torch::randn({4, 6}, torch::requires_grad());
+  auto fn = [&](torch::Tensor x) {
+    x.copy_(x + w);
+    return x.pow(2).sum();
+  };
+  Recorder rec;
+  auto compiled = torch::compile(fn, rec.backend());
+  for (int i = 0; i < 3; ++i) {
+    auto x = torch::randn({4, 6}), x2 = x.clone();
+    w.mutable_grad() = torch::Tensor();
+    fn(x).backward();
+    auto expected = w.grad().clone();
+    w.mutable_grad() = torch::Tensor();
+    compiled(x2).backward();
+    ASSERT_TRUE(w.grad().defined()) << "call " << i;
+    EXPECT_TRUE(tensors_close(expected, w.grad())) << "call " << i;
+    EXPECT_TRUE(tensors_close(x.detach(), x2.detach()));
+    EXPECT_TRUE(x2.grad_fn() != nullptr);
+  }
+  EXPECT_EQ(rec.backwards(), 0u) << "the graph must not be lifted";
+}
+
 TEST(Aot, InPlaceOnANonContiguousViewWhileTrainingRunsUnderOrdinaryAutograd) {
   auto w = torch::randn({4, 6}, torch::requires_grad());
   auto fn = [&](torch::Tensor x) {

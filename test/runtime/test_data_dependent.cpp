@@ -5,6 +5,8 @@
 // (gradients compared), and every result must be eager's.
 #include "support/test_util.h"
 
+#include <torchcompile/ir/interpreter.h>
+
 #include <random>
 
 using tc_test::copy_parameters;
@@ -126,6 +128,52 @@ TEST(DataDependentSizesFullgraph, FullgraphNamesTheOperator) {
     EXPECT_NE(std::string(e.what()).find("masked_select"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("depend on the data"), std::string::npos) << e.what();
   }
+}
+
+// A backend receives, with each graph, the values its inputs had when the traced call ran it,
+// though the forward writes them in place later (after a break, or in the same graph): with
+// them, the sizes of a data-dependent result are the graph's.
+struct ReadsThenWritesItsInput : torch::nn::Module {
+  torch::Tensor forward(torch::Tensor x) {
+    const int64_t n = std::get<0>(torch::_unique(x.round())).size(0);  // a break
+    x.add_(0.25);
+    return x * static_cast<double>(n);
+  }
+};
+
+TEST(DataDependentSizesExamples, BackendsGetTheInputsTheGraphsWereTracedOn) {
+  torch::NoGradGuard no_grad;
+  std::vector<std::string> mismatches;
+  int graphs = 0;
+  auto backend = [&](torchcompile::GraphModule& gm, const std::vector<at::Tensor>& example) -> torchcompile::CompiledFn {
+    ++graphs;
+    // Run the graph on copies of its example inputs: each data-dependent result must have the
+    // sizes the graph was traced with.
+    torchcompile::ir::Interpreter run(gm);
+    run.override_if([](const torchcompile::ir::Node&) { return true; },
+                    [&](const torchcompile::ir::Node& n, const std::vector<c10::IValue>& args) {
+                      std::vector<at::Tensor> out = torchcompile::ir::run_target(n, args);
+                      for (size_t i = 0; i < out.size() && i < n.num_outputs(); ++i)
+                        if (out[i].defined() && out[i].sizes() != c10::IntArrayRef(n.output_meta()[i].sizes))
+                          mismatches.push_back(n.name() + ": traced " + n.output_meta()[i].str() + ", got " +
+                                               torchcompile::ir::TensorMeta::of(out[i]).str());
+                      return out;
+                    });
+    std::vector<at::Tensor> copies;
+    for (const at::Tensor& t : example) copies.push_back(t.clone());
+    run.run(copies);
+    return nullptr;  // the interpreter runs it
+  };
+  auto m = std::make_shared<ReadsThenWritesItsInput>();
+  auto fast = torch::compile(m, torchcompile::CompileOptions(backend));
+  for (int call = 0; call < 4; ++call) {
+    torch::Tensor x = torch::randn({3, 6}) * 3, x_eager = x.clone();
+    torch::Tensor expected = m->forward(x_eager);
+    EXPECT_TRUE(tensors_close(expected, fast(x)));
+    EXPECT_TRUE(tensors_close(x_eager, x));
+  }
+  EXPECT_GE(graphs, 2);
+  EXPECT_TRUE(mismatches.empty()) << mismatches.front();
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, DataDependentSizes,
