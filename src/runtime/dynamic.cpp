@@ -305,16 +305,23 @@ ShapeSpecializations::ShapeSpecializations(DynamicPlan plan, std::shared_ptr<Gra
         if (sizes.empty())
           for (int64_t s : m.sizes) sizes.emplace_back(s);
         if (!m.defined) sizes.clear();
-        std::vector<int> symbols;
+        std::vector<ResultDim> dims;
         for (const ir::SymExpr& e : sizes) {
-          int index = -1;
-          if (auto name = e.as_symbol())
+          ResultDim d;
+          if (auto c = e.constant()) {
+            d.kind = ResultDim::Constant;
+            d.value = *c;
+          } else if (auto name = e.as_symbol()) {
             for (size_t k = 0; k < plan_.symbols.size(); ++k)
-              if (plan_.symbols[k].name == *name) index = static_cast<int>(k);
-          symbols.push_back(index);
+              if (plan_.symbols[k].name == *name) {
+                d.kind = ResultDim::Symbol;
+                d.value = static_cast<int64_t>(k);
+              }
+          }
+          dims.push_back(d);
         }
         result_sizes_.push_back(std::move(sizes));
-        result_symbols_.push_back(std::move(symbols));
+        result_dims_.push_back(std::move(dims));
       });
   }
 }
@@ -334,10 +341,12 @@ void ShapeSpecializations::check_result_sizes(const SizeKey& key, const std::vec
     bool same = static_cast<size_t>(outputs[i].dim()) == expected.size();
     const c10::IntArrayRef sizes = outputs[i].sizes();
     for (size_t d = 0; same && d < expected.size(); ++d) {
-      const int symbol = result_symbols_[i][d];
-      if (symbol >= 0) same = key[symbol] == sizes[d];
-      else if (auto c = expected[d].constant()) same = *c == sizes[d];
-      else same = expected[d].evaluate(value) == sizes[d];
+      const ResultDim& dim = result_dims_[i][d];
+      switch (dim.kind) {
+        case ResultDim::Symbol: same = key[static_cast<size_t>(dim.value)] == sizes[d]; break;
+        case ResultDim::Constant: same = dim.value == sizes[d]; break;
+        case ResultDim::Expression: same = expected[d].evaluate(value) == sizes[d]; break;
+      }
     }
     if (same) continue;
     std::string want;
@@ -350,14 +359,14 @@ void ShapeSpecializations::check_result_sizes(const SizeKey& key, const std::vec
   }
 }
 
-std::vector<at::Tensor> ShapeSpecializations::operator()(const std::vector<at::Tensor>& inputs) {
+std::vector<at::Tensor> ShapeSpecializations::operator()(std::vector<at::Tensor> inputs) {
   const SizeKey key = plan_.key_of(inputs);
   if (symbolic_) {
-    std::vector<at::Tensor> outputs = (*all_sizes_)(inputs);
+    std::vector<at::Tensor> outputs = (*all_sizes_)(std::move(inputs));
     check_result_sizes(key, outputs);
     return outputs;
   }
-  if (auto fn = compiled_.find(key)) return (*fn)(inputs);
+  if (auto fn = compiled_.find(key)) return (*fn)(std::move(inputs));
   // One specialization at a time; a thread that waited may find its sizes compiled.
   std::lock_guard<std::mutex> one_at_a_time(specialize_mutex_);
   if (auto fn = compiled_.find(key)) return (*fn)(inputs);

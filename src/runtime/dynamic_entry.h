@@ -173,7 +173,7 @@ class ShapeSpecializations {
                        std::string static_reason);
 
   /// Run the graph on `inputs` (the entry's guards passed).
-  std::vector<at::Tensor> operator()(const std::vector<at::Tensor>& inputs);
+  std::vector<at::Tensor> operator()(std::vector<at::Tensor> inputs);
 
   const DynamicPlan& plan() const { return plan_; }
   /// The graph as captured, for explain.
@@ -205,10 +205,14 @@ class ShapeSpecializations {
   bool symbolic_ = false;
   std::string static_reason_;
   std::shared_ptr<const CompiledFn> all_sizes_;   // symbolic: the one compiled function
-  // symbolic: each result's sizes; per dimension the symbol's index when it is exactly one
-  // symbol (-1: a constant or another expression), for a check without evaluating.
+  // symbolic: each result's sizes; per dimension whether it is one symbol (its index) or a
+  // constant (its value), for a check without evaluating.
+  struct ResultDim {
+    enum Kind { Symbol, Constant, Expression } kind = Expression;
+    int64_t value = 0;
+  };
   std::vector<std::vector<ir::SymExpr>> result_sizes_;
-  std::vector<std::vector<int>> result_symbols_;
+  std::vector<std::vector<ResultDim>> result_dims_;
 };
 
 /// A dynamic entry whose graph may depend on its symbols' values (step 4b): one trace tree per
