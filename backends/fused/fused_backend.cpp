@@ -45,8 +45,18 @@ CompiledFn fused_backend(GraphModule& gm, const std::vector<at::Tensor>& example
       {{"fused", claim_of(&fused::fusible), &compile_program<fused::FusedProgram>},
        {"fused", claim_of(&fused::row_fusible), &compile_program<fused::RowProgram>}});
   if (needs_autograd(gm, example_inputs)) return decline(kNeedsAutogradReason);
-  // Programs are built for concrete sizes: one per combination of size symbols.
-  if (!gm.graph().symbols().empty()) return compile_per_shape(gm, example_inputs, &fused_backend);
+  if (!gm.graph().symbols().empty()) {
+    // One tile program for every size where the graph is one run of pointwise operators whose
+    // sizes are symbols or constants; else programs built per combination of size symbols.
+    bool pointwise = true;
+    for (const auto& n : gm.graph().nodes())
+      if (n->kind() == ir::NodeKind::CallFunction && !fused::fusible(*n)) pointwise = false;
+    if (pointwise) {
+      if (CompiledFn fn = compile_program<fused::FusedProgram>(gm, example_inputs)) return fn;
+      detail::take_decline_reason();  // why not one program: per combination of sizes, then
+    }
+    return compile_per_shape(gm, example_inputs, &fused_backend);
+  }
   return backend(gm, example_inputs);
 }
 

@@ -78,6 +78,29 @@ const at::Tensor& TensorSource::resolve(const std::vector<at::Tensor>& inputs, c
   return *t;
 }
 
+const at::Tensor& TensorSource::resolve_symbolic(const std::vector<at::Tensor>& inputs, const char* what,
+                                                 c10::ArrayRef<SymbolicDim> dims,
+                                                 c10::ArrayRef<int64_t> symbol_values) const {
+  const at::Tensor* t = attr;
+  if (input >= 0) {
+    TORCH_CHECK(static_cast<size_t>(input) < inputs.size(), "fused program: expected at least ", input + 1,
+                " inputs, got ", inputs.size());
+    t = &inputs[input];
+  }
+  bool ok = t->defined() && t->scalar_type() == dtype && t->device().is_cpu() &&
+            static_cast<size_t>(t->dim()) == dims.size();
+  for (size_t d = 0; ok && d < dims.size(); ++d)
+    ok = t->sizes()[d] == (dims[d].symbol >= 0 ? symbol_values[dims[d].symbol] : dims[d].value);
+  if (!ok) {
+    std::vector<int64_t> want;
+    for (const SymbolicDim& d : dims) want.push_back(d.symbol >= 0 ? symbol_values[d.symbol] : d.value);
+    TORCH_CHECK(false, "fused program: expected ", what, " as a ", dtype, " CPU tensor of sizes ", c10::IntArrayRef(want),
+                " (at this call's size symbols), got ",
+                t->defined() ? t->toString() + " of sizes " + c10::str(t->sizes()) : std::string("an undefined tensor"));
+  }
+  return *t;
+}
+
 namespace {
 
 // ---- lowering of ATen operators to tile instructions ---------------------------------------------
@@ -555,6 +578,55 @@ std::shared_ptr<const FusedProgram> FusedProgram::build(const ir::GraphModule& g
     }
   }
   if (e.code.empty()) return fail("nothing to fuse");
+  if (!gm.graph().symbols().empty()) {
+    // Every size a constant or one symbol, evaluated per call.
+    const auto& symbols = gm.graph().symbols();
+    std::string bad;
+    auto dims_of = [&](const TensorMeta& m, const std::string& what) {
+      std::vector<SymbolicDim> dims;
+      for (size_t d = 0; d < m.sizes.size(); ++d) {
+        SymbolicDim dim;
+        dim.value = m.sizes[d];
+        if (m.symbolic() && !m.sym_sizes.at(d).constant()) {
+          const std::optional<std::string> name = m.sym_sizes[d].as_symbol();
+          for (size_t k = 0; name && k < symbols.size(); ++k)
+            if (symbols[k].name == *name) dim.symbol = static_cast<int32_t>(k);
+          if (dim.symbol < 0 && bad.empty()) bad = what + " has the size " + m.sym_sizes[d].str();
+        }
+        dims.push_back(dim);
+      }
+      return dims;
+    };
+    p->symbolic_ = true;
+    p->bindings_ = gm.graph().symbol_bindings();
+    for (const auto& np : gm.graph().nodes()) {
+      const Node& n = *np;
+      if (n.kind() == NodeKind::CallFunction) {
+        const TensorMeta& m = n.output_meta().at(0);
+        std::vector<SymbolicDim> dims = dims_of(m, "'" + n.name() + "'");
+        if (m.sizes != shape) continue;
+        auto same = [](const SymbolicDim& a, const SymbolicDim& b) { return a.symbol == b.symbol && a.value == b.value; };
+        if (!p->shape_dims_.empty() && !std::equal(dims.begin(), dims.end(), p->shape_dims_.begin(), same) && bad.empty())
+          bad = "'" + n.name() + "' has the iteration shape's sizes as other expressions";
+        p->shape_dims_ = std::move(dims);
+      }
+    }
+    for (auto& op : p->operands_) {
+      std::string what = op.source.input >= 0 ? "input " + std::to_string(op.source.input) : "an attribute";
+      const Node* n = nullptr;
+      int64_t k = 0;
+      for (const auto& np : gm.graph().nodes())
+        if ((np->kind() == NodeKind::Placeholder && op.source.input >= 0 && k++ == op.source.input) ||
+            (np->kind() == NodeKind::GetAttr && op.source.attr == &gm.attribute(np->target()))) {
+          n = np.get();
+          break;
+        }
+      TORCH_INTERNAL_ASSERT(n, "fused program: an operand without its node");
+      p->operand_dims_.push_back(dims_of(n->output_meta().at(0), what));
+    }
+    if (!bad.empty()) return fail("a size is an expression of the symbols, not one symbol (" + bad + ")");
+    if (p->shape_dims_.size() != shape.size()) return fail("no operator result has the iteration shape");
+  }
   p->shape_ = shape;
   p->numel_ = 1;
   for (int64_t s : shape) p->numel_ *= s;
@@ -685,7 +757,7 @@ struct OperandView {
 // Copy elements [start, start + n) of the iteration space, read from `base` through v's strides,
 // into dst (as floats).
 template <class T>
-void gather_from(float* dst, const T* base, const OperandView& v, const std::vector<int64_t>& shape, int64_t start,
+void gather_from(float* dst, const T* base, const OperandView& v, c10::IntArrayRef shape, int64_t start,
                  int64_t n) {
   const size_t rank = shape.size();
   int64_t idx[kMaxRank];
@@ -722,7 +794,7 @@ void gather_from(float* dst, const T* base, const OperandView& v, const std::vec
   }
 }
 
-void gather(float* dst, const OperandView& v, const std::vector<int64_t>& shape, int64_t start, int64_t n) {
+void gather(float* dst, const OperandView& v, c10::IntArrayRef shape, int64_t start, int64_t n) {
   if (v.mask) {
     gather_from(dst, v.mask, v, shape, start, n);
   } else {
@@ -733,20 +805,42 @@ void gather(float* dst, const OperandView& v, const std::vector<int64_t>& shape,
 }  // namespace
 
 std::vector<at::Tensor> FusedProgram::run(const std::vector<at::Tensor>& inputs) const {
+  // The iteration shape and its number of elements at this call's sizes.
+  c10::SmallVector<int64_t, 8> symbol_values;
+  c10::SmallVector<int64_t, 8> call_shape(shape_.begin(), shape_.end());
+  int64_t numel = numel_;
+  if (symbolic_) {
+    for (const auto& [input, dim] : bindings_) {
+      TORCH_CHECK(input < inputs.size() && inputs[input].defined() && dim < inputs[input].dim(),
+                  "fused program: input ", input, " does not have the dimension ", dim, " that gives a size symbol");
+      symbol_values.push_back(inputs[input].sizes()[dim]);
+    }
+    numel = 1;
+    for (size_t d = 0; d < shape_dims_.size(); ++d) {
+      const SymbolicDim& dim = shape_dims_[d];
+      call_shape[d] = dim.symbol >= 0 ? symbol_values[dim.symbol] : dim.value;
+      numel *= call_shape[d];
+    }
+  }
   const std::vector<int64_t> scalar_shape{1};
-  const std::vector<int64_t>& shape = shape_.empty() ? scalar_shape : shape_;
+  const c10::IntArrayRef shape = call_shape.empty() ? c10::IntArrayRef(scalar_shape) : c10::IntArrayRef(call_shape);
   const size_t rank = shape.size();
   c10::SmallVector<OperandView, 8> views(operands_.size());
   c10::SmallVector<const at::Tensor*, 8> tensors(operands_.size());
   for (size_t i = 0; i < operands_.size(); ++i) {
-    const at::Tensor* t = &operands_[i].source.resolve(inputs, "an input");
+    const at::Tensor* t;
+    if (symbolic_) {
+      t = &operands_[i].source.resolve_symbolic(inputs, "an input", operand_dims_[i], symbol_values);
+    } else {
+      t = &operands_[i].source.resolve(inputs, "an input");
+    }
     tensors[i] = t;
     OperandView& v = views[i];
     if (t->scalar_type() == at::kBool) {
       v.mask = t->data_ptr<bool>();  // always gathered: converted to floats
     } else {
       v.base = t->data_ptr<float>();
-      v.flat = t->sizes().equals(shape_) && t->is_contiguous();
+      v.flat = t->sizes().equals(c10::IntArrayRef(call_shape)) && t->is_contiguous();
     }
     v.strides.assign(rank, 0);
     const int64_t lead = static_cast<int64_t>(rank) - t->dim();
@@ -762,7 +856,7 @@ std::vector<at::Tensor> FusedProgram::run(const std::vector<at::Tensor>& inputs)
   c10::SmallVector<bool*, 4> mask_ptrs;  // bool outputs: computed into a tile buffer, then converted
   for (size_t o = 0; o < output_regs_.size(); ++o) {
     const bool mask = output_is_mask_[o];
-    out_tensors.push_back(at::empty(shape_, at::TensorOptions().dtype(mask ? at::kBool : at::kFloat)));
+    out_tensors.push_back(at::empty(c10::IntArrayRef(call_shape), at::TensorOptions().dtype(mask ? at::kBool : at::kFloat)));
     out_ptrs.push_back(mask ? nullptr : out_tensors.back().data_ptr<float>());
     mask_ptrs.push_back(mask ? out_tensors.back().data_ptr<bool>() : nullptr);
   }
@@ -810,10 +904,10 @@ std::vector<at::Tensor> FusedProgram::run(const std::vector<at::Tensor>& inputs)
   };
   // Small work runs inline: an OpenMP region costs microseconds.
   constexpr int64_t kGrain = 32768;
-  if (numel_ <= kGrain) {
-    body(0, numel_);
+  if (numel <= kGrain) {
+    body(0, numel);
   } else {
-    at::parallel_for(0, numel_, kGrain, body);
+    at::parallel_for(0, numel, kGrain, body);
   }
 
   std::vector<at::Tensor> results;

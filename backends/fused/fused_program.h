@@ -27,6 +27,13 @@ bool is_float_cpu(const ir::TensorMeta& m);
 bool is_bool_cpu(const ir::TensorMeta& m);
 bool is_contiguous(const ir::TensorMeta& m);
 
+/// A size of a program built from a graph with size symbols: one symbol (its index in the
+/// graph's symbols) or, with `symbol` -1, the constant `value`.
+struct SymbolicDim {
+  int32_t symbol = -1;
+  int64_t value = 0;
+};
+
 /// Where a program reads a tensor from: a placeholder of its graph (by index) or an attribute of
 /// its graph module (read at each call).
 struct TensorSource {
@@ -40,6 +47,9 @@ struct TensorSource {
   static TensorSource of(const ir::GraphModule& gm, const ir::Node& n, int64_t* num_placeholders);
   /// The tensor for this call; checks it is a CPU tensor of the traced dtype and sizes.
   const at::Tensor& resolve(const std::vector<at::Tensor>& inputs, const char* what) const;
+  /// The same, the sizes checked against `dims` at these values of the symbols.
+  const at::Tensor& resolve_symbolic(const std::vector<at::Tensor>& inputs, const char* what,
+                                     c10::ArrayRef<SymbolicDim> dims, c10::ArrayRef<int64_t> symbol_values) const;
 };
 
 /// Whether the backend can compute `n` inside a fused group: a call_function of a pointwise
@@ -48,6 +58,12 @@ struct TensorSource {
 bool fusible(const ir::Node& n);
 
 /// A graph whose call_function nodes are all fusible, compiled to one tile program.
+///
+/// A graph with size symbols gives one program for every size when each size of its inputs and
+/// operator results is a constant or one symbol (`f32[s0, 8]`): the program reads the symbols'
+/// values from its inputs at each call (the iteration shape and the inputs' sizes follow them;
+/// which dimensions broadcast does not change, since a symbol is never 0 or 1). Otherwise build()
+/// fails, with the reason.
 ///
 /// All operator results are computed over one iteration shape, the broadcast of their sizes;
 /// every output of the graph must have that shape and be contiguous (as eager makes it for
@@ -83,6 +99,12 @@ class FusedProgram {
     int64_t reg = -1;      // computed into this register
     int64_t operand = -1;  // or one of the operands returned as it is
   };
+
+  // A program built from a graph with size symbols: its sizes, evaluated per call.
+  bool symbolic_ = false;
+  std::vector<std::pair<size_t, int64_t>> bindings_;    // per symbol: (input, dimension) giving its value
+  std::vector<SymbolicDim> shape_dims_;                 // the iteration shape
+  std::vector<std::vector<SymbolicDim>> operand_dims_;  // per operand
 
   std::vector<TileInstr> code_;
   int64_t copy_of_ = -1;  // a program that only copies operand copy_of_ into its one output: gathered there directly

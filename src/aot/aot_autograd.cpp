@@ -293,7 +293,7 @@ Backend aot_autograd(Backend fw_compiler, Backend bw_compiler, DecompositionTabl
     std::optional<TimedStep> step;
     step.emplace("aot: joint graph (functionalized forward and backward)");
     JointGraph joint = aot::build_joint(gm, example_inputs, decompositions);
-    if (!joint.cannot_differentiate.empty()) return decline("aot_autograd: " + joint.cannot_differentiate);
+    if (!joint.decline_reason.empty()) return decline("aot_autograd: " + joint.decline_reason);
     step.emplace("aot: partition");
     Partition part = aot::partition_joint(joint, partition);
     ir::lint(part.forward->graph());

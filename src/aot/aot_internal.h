@@ -41,8 +41,10 @@ struct JointGraph {
   std::vector<size_t> mutated_primals;
   std::vector<size_t> grad_primals;
   bool training = false;                  ///< a backward exists
-  /// Non-empty when the pair cannot give eager's gradients (the caller declines the graph).
-  std::string cannot_differentiate;
+  /// Non-empty when the pair would not compute what eager computes (a value requiring grad
+  /// written into an input that does not; an input whose layout a copy cannot keep): the caller
+  /// declines the graph, and nothing else is set.
+  std::string decline_reason;
 };
 
 /// Trace the joint graph of `gm` (docs/training.md). Throws a c10::Error saying why when

@@ -1,6 +1,8 @@
 // The joint graph: the captured graph re-run under functionalization with the below-autograd
 // tracer, parameters lifted to primals, and autograd asked for the primals' gradients.
 #include "aot/aot_internal.h"
+
+#include <ATen/MemoryOverlap.h>
 #include "support/rng_state_guard.h"
 
 #include <torchcompile/capture/tracer.h>
@@ -13,6 +15,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/FunctionalTensorWrapper.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/TensorUtils.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -271,10 +274,27 @@ JointGraph build_joint(const ir::GraphModule& gm, const std::vector<at::Tensor>&
       continue;
     }
     {
+      // A copy with the primal's strides: the trace's views and reshapes (which may alias or
+      // copy, by the strides) must be those of the real tensor. A narrowed or transposed view
+      // keeps its strides in a copy; clone() would make a non-dense one contiguous.
       at::NoGradGuard no_grad;
-      inner[k] = t.detach().clone(at::MemoryFormat::Preserve);
+      const at::Tensor d = t.detach();
+      if (d.is_non_overlapping_and_dense() || at::has_internal_overlap(d) == at::MemOverlap::Yes) {
+        inner[k] = d.clone(at::MemoryFormat::Preserve);
+      } else {
+        inner[k] = at::empty_strided(d.sizes(), d.strides(), d.options()).copy_(d);
+      }
     }
     same_strides[k] = inner[k].strides() == t.strides();
+    if (!same_strides[k] && j.decline_reason.empty()) {
+      // An input that overlaps itself (expanded): the trace on a copy would record the copy's
+      // views, which are not the real tensor's.
+      j.decline_reason = std::string("the memory layout of ") +
+                         (j.primals[k].input < 0 ? "'" + j.primals[k].attribute + "'"
+                                                 : "input " + std::to_string(j.primals[k].input)) +
+                         " (strides " + c10::str(t.strides()) + ") cannot be reproduced for tracing";
+      return j;
+    }
     tracer.add_input(inner[k], name);
     wrapped[k] = fz::to_functional_tensor(inner[k]);
     if (want_grads && t.requires_grad()) wrapped[k].requires_grad_(true);
@@ -382,10 +402,10 @@ JointGraph build_joint(const ir::GraphModule& gm, const std::vector<at::Tensor>&
       TORCH_CHECK(!j.primals[k].requires_grad || !want_grads, "aot_autograd: the forward updates ",
                   j.primals[k].input < 0 ? "'" + j.primals[k].attribute + "'" : "input " + std::to_string(j.primals[k].input),
                   " in place although it requires grad");
-      if (want_grads && !j.primals[k].requires_grad && wrapped[k].requires_grad() && j.cannot_differentiate.empty()) {
+      if (want_grads && !j.primals[k].requires_grad && wrapped[k].requires_grad() && j.decline_reason.empty()) {
         // The written value requires grad (`x.copy_(x + w)` into an input that does not): eager
         // gives the input an autograd history, the pair's write-back (a plain copy) would not.
-        j.cannot_differentiate = "the forward writes a value that requires grad into " +
+        j.decline_reason = "the forward writes a value that requires grad into " +
                                  (j.primals[k].input < 0 ? "'" + j.primals[k].attribute + "'"
                                                          : "input " + std::to_string(j.primals[k].input)) +
                                  ", which does not require grad; the interpreter runs it under autograd";

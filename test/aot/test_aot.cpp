@@ -363,6 +363,32 @@ TEST(Aot, AnInputGivenAValueThatRequiresGradKeepsItsHistory) {
   EXPECT_EQ(rec.backwards(), 0u) << "the graph must not be lifted";
 }
 
+// Inputs that are narrowed or expanded views: the joint graph is traced on copies with their
+// strides (a reshape of a narrowed view copies; traced on a contiguous copy it would be an alias
+// reading the wrong elements), or, for an input that overlaps itself, not lifted.
+TEST(Aot, InputsWithTheirStridesAreTracedWithThem) {
+  auto w = torch::randn({6}, torch::requires_grad());
+  auto fn = [&](torch::Tensor x) { return (x.reshape({-1}).view({-1, 6}) * w).sum(1); };
+  for (bool expanded : {false, true}) {
+    Recorder rec;
+    auto compiled = torch::compile(fn, rec.backend());
+    for (int i = 0; i < 3; ++i) {
+      auto base = torch::randn({3, 12});
+      auto x = expanded ? base.narrow(0, 0, 1).narrow(1, 0, 6).expand({3, 6}) : base.narrow(1, 1, 6);
+      w.mutable_grad() = torch::Tensor();
+      auto expected = fn(x);
+      expected.sum().backward();
+      auto expected_grad = w.grad().clone();
+      w.mutable_grad() = torch::Tensor();
+      auto got = compiled(x);
+      got.sum().backward();
+      EXPECT_TRUE(tensors_close(expected, got)) << "expanded " << expanded << ", call " << i;
+      EXPECT_TRUE(tensors_close(expected_grad, w.grad())) << "expanded " << expanded << ", call " << i;
+    }
+    if (!expanded) EXPECT_EQ(rec.backwards(), 1u);
+  }
+}
+
 TEST(Aot, InPlaceOnANonContiguousViewWhileTrainingRunsUnderOrdinaryAutograd) {
   auto w = torch::randn({4, 6}, torch::requires_grad());
   auto fn = [&](torch::Tensor x) {

@@ -6,6 +6,7 @@
 
 #include <torchcompile/compile/partitioner.h>
 #include <torchcompile/ir/interpreter.h>
+#include <torchcompile/support/logging.h>
 
 #include <torchcompile/compat.h>
 
@@ -596,6 +597,39 @@ TEST(FusedBackend, UnknownIsaIsAnError) {
 }
 
 // ---- AOT: the backward graph's pointwise operators -----------------------------------------------
+
+// A graph with size symbols made of pointwise operators is one tile program for every size: new
+// sizes build nothing (compile_per_shape would log each), and the results are eager's, with
+// inputs broadcast along symbolic and constant dimensions.
+TEST(FusedBackend, OneProgramServesEverySizeOfAGraphWithSymbols) {
+  torch::NoGradGuard no_grad;
+  auto bias = torch::randn({8});
+  auto fn = [&](torch::Tensor x, torch::Tensor scale) {
+    auto y = torch::sigmoid(x * scale + bias);  // [B, T, 8] * [B, 1, 1] + [8]
+    return std::vector<torch::Tensor>{y, y.tanh() - x};
+  };
+  auto compiled = torch::compile(fn, torchcompile::CompileOptions("fused").with_dynamic(true));
+  torchcompile::logging::set_logs("dynamic");
+  ::testing::internal::CaptureStderr();
+  std::vector<std::string> failures;
+  for (auto [b, t] : std::vector<std::pair<int64_t, int64_t>>{{3, 5}, {7, 2}, {4, 9}, {3, 5}, {12, 40}, {2, 3}}) {
+    auto x = torch::randn({b, t, 8}), scale = torch::randn({b, 1, 1});
+    auto expected = fn(x, scale);
+    auto got = compiled(x, scale);
+    for (size_t i = 0; i < 2; ++i)
+      if (!tensors_close(expected[i], got[i], kRtol, kAtol)) failures.push_back(std::to_string(b) + "x" + std::to_string(t));
+  }
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  torchcompile::logging::reset_logs();
+  EXPECT_TRUE(failures.empty()) << failures.front();
+  EXPECT_EQ(log.find("compile_per_shape: new sizes"), std::string::npos) << log;
+  const auto entries = compiled.state().entries();
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_TRUE(entries[0]->symbolic_graph());
+  EXPECT_EQ(entries[0]->num_specializations(), 1u);
+  // A wrong size at run time is an error, not a wrong result.
+  EXPECT_THROW(compiled(torch::randn({3, 5, 8}), torch::randn({4, 1, 1})), c10::Error);
+}
 
 TEST(FusedBackend, AotBackwardGraphsMatchEager) {
   torch::manual_seed(0);
