@@ -1053,10 +1053,10 @@ TEST(DynamicFuzz, RandomProgramsAtRandomSizesMatchEager) {
   // depend on the data, and those of them whose dynamic=true run needed a single entry for
   // sizes >= 2 without running the forward again.
   int plain = 0, one_entry = 0;
+  const char* only = std::getenv("TORCHCOMPILE_DYNAMIC_FUZZ_BACKEND");
   for (int k = 0; k < programs; ++k) {
     const uint32_t seed = first + k;
     const DynProgram prog = random_dyn_program(seed);
-    const char* only = std::getenv("TORCHCOMPILE_DYNAMIC_FUZZ_BACKEND");
     const std::string backend = only ? only : backends[k % backends.size()];
     for (std::optional<bool> dyn : {std::optional<bool>(), std::optional<bool>(true)}) {
       torch::manual_seed(seed);
@@ -1104,7 +1104,7 @@ TEST(DynamicFuzz, RandomProgramsAtRandomSizesMatchEager) {
   // A program that reads no size: its captured graph must have served every size.
   EXPECT_EQ(one_entry, plain) << one_entry << " of " << plain << " programs without size reads ran without replays";
   MetadataCheck& check = metadata_check();
-  EXPECT_GT(check.graphs.load(), 0);
+  if (!only || std::string(only) == "per_shape_metadata_check") EXPECT_GT(check.graphs.load(), 0);
   for (const std::string& d : check.differences) ADD_FAILURE() << d;
 }
 
