@@ -47,14 +47,10 @@ CompiledFn fused_backend(GraphModule& gm, const std::vector<at::Tensor>& example
   if (needs_autograd(gm, example_inputs)) return decline(kNeedsAutogradReason);
   if (!gm.graph().symbols().empty()) {
     // One tile program for every size where the graph is one run of pointwise operators whose
-    // sizes are symbols or constants; else programs built per combination of size symbols.
-    bool pointwise = true;
-    for (const auto& n : gm.graph().nodes())
-      if (n->kind() == ir::NodeKind::CallFunction && !fused::fusible(*n)) pointwise = false;
-    if (pointwise) {
-      if (CompiledFn fn = compile_program<fused::FusedProgram>(gm, example_inputs)) return fn;
-      detail::take_decline_reason();  // why not one program: per combination of sizes, then
-    }
+    // sizes are symbols or constants (FusedProgram::build says why not); else programs built per
+    // combination of size symbols.
+    if (CompiledFn fn = compile_program<fused::FusedProgram>(gm, example_inputs)) return fn;
+    detail::take_decline_reason();
     return compile_per_shape(gm, example_inputs, &fused_backend);
   }
   return backend(gm, example_inputs);

@@ -89,11 +89,10 @@ const at::Tensor& TensorSource::resolve_symbolic(const std::vector<at::Tensor>& 
   }
   bool ok = t->defined() && t->scalar_type() == dtype && t->device().is_cpu() &&
             static_cast<size_t>(t->dim()) == dims.size();
-  for (size_t d = 0; ok && d < dims.size(); ++d)
-    ok = t->sizes()[d] == (dims[d].symbol >= 0 ? symbol_values[dims[d].symbol] : dims[d].value);
+  for (size_t d = 0; ok && d < dims.size(); ++d) ok = t->sizes()[d] == dims[d].at(symbol_values);
   if (!ok) {
     std::vector<int64_t> want;
-    for (const SymbolicDim& d : dims) want.push_back(d.symbol >= 0 ? symbol_values[d.symbol] : d.value);
+    for (const SymbolicDim& d : dims) want.push_back(d.at(symbol_values));
     TORCH_CHECK(false, "fused program: expected ", what, " as a ", dtype, " CPU tensor of sizes ", c10::IntArrayRef(want),
                 " (at this call's size symbols), got ",
                 t->defined() ? t->toString() + " of sizes " + c10::str(t->sizes()) : std::string("an undefined tensor"));
@@ -540,6 +539,7 @@ std::shared_ptr<const FusedProgram> FusedProgram::build(const ir::GraphModule& g
         Operand op;
         op.source = TensorSource::of(gm, n, &num_inputs);
         const TensorMeta& m = n.output_meta().at(0);
+        op.meta = &m;
         if (!n.has_uses()) break;
         if (!is_float_cpu(m) && !is_bool_cpu(m)) {
           return fail("input '" + n.name() + "' is not a float32 or bool CPU tensor");
@@ -611,19 +611,9 @@ std::shared_ptr<const FusedProgram> FusedProgram::build(const ir::GraphModule& g
         p->shape_dims_ = std::move(dims);
       }
     }
-    for (auto& op : p->operands_) {
-      std::string what = op.source.input >= 0 ? "input " + std::to_string(op.source.input) : "an attribute";
-      const Node* n = nullptr;
-      int64_t k = 0;
-      for (const auto& np : gm.graph().nodes())
-        if ((np->kind() == NodeKind::Placeholder && op.source.input >= 0 && k++ == op.source.input) ||
-            (np->kind() == NodeKind::GetAttr && op.source.attr == &gm.attribute(np->target()))) {
-          n = np.get();
-          break;
-        }
-      TORCH_INTERNAL_ASSERT(n, "fused program: an operand without its node");
-      p->operand_dims_.push_back(dims_of(n->output_meta().at(0), what));
-    }
+    for (const auto& op : p->operands_)
+      p->operand_dims_.push_back(
+          dims_of(*op.meta, op.source.input >= 0 ? "input " + std::to_string(op.source.input) : "an attribute"));
     if (!bad.empty()) return fail("a size is an expression of the symbols, not one symbol (" + bad + ")");
     if (p->shape_dims_.size() != shape.size()) return fail("no operator result has the iteration shape");
   }
@@ -817,8 +807,7 @@ std::vector<at::Tensor> FusedProgram::run(const std::vector<at::Tensor>& inputs)
     }
     numel = 1;
     for (size_t d = 0; d < shape_dims_.size(); ++d) {
-      const SymbolicDim& dim = shape_dims_[d];
-      call_shape[d] = dim.symbol >= 0 ? symbol_values[dim.symbol] : dim.value;
+      call_shape[d] = shape_dims_[d].at(symbol_values);
       numel *= call_shape[d];
     }
   }

@@ -32,6 +32,8 @@ bool is_contiguous(const ir::TensorMeta& m);
 struct SymbolicDim {
   int32_t symbol = -1;
   int64_t value = 0;
+  /// Its value for these values of the symbols.
+  int64_t at(c10::ArrayRef<int64_t> symbol_values) const { return symbol >= 0 ? symbol_values[symbol] : value; }
 };
 
 /// Where a program reads a tensor from: a placeholder of its graph (by index) or an attribute of
@@ -92,6 +94,7 @@ class FusedProgram {
 
   struct Operand {
     TensorSource source;
+    const ir::TensorMeta* meta = nullptr;  // while building
     uint32_t vreg = 0;  // while building
     uint16_t reg = 0;
   };

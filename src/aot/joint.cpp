@@ -1,8 +1,6 @@
 // The joint graph: the captured graph re-run under functionalization with the below-autograd
 // tracer, parameters lifted to primals, and autograd asked for the primals' gradients.
 #include "aot/aot_internal.h"
-
-#include <ATen/MemoryOverlap.h>
 #include "support/rng_state_guard.h"
 
 #include <torchcompile/capture/tracer.h>
@@ -211,6 +209,13 @@ bool liftable(const ir::GraphModule& gm, bool training, std::string* why) {
   return true;
 }
 
+namespace {
+// "input 2" or "'fc.weight'", for messages.
+std::string primal_name(const PrimalSource& p) {
+  return p.input < 0 ? "'" + p.attribute + "'" : "input " + std::to_string(p.input);
+}
+}  // namespace
+
 bool wants_gradients(const ir::GraphModule& gm, const std::vector<at::Tensor>& inputs) {
   if (!at::GradMode::is_enabled()) return false;
   for (const at::Tensor& t : inputs)
@@ -264,7 +269,6 @@ JointGraph build_joint(const ir::GraphModule& gm, const std::vector<at::Tensor>&
   // touching the real tensors.
   const size_t np = j.primals.size();
   std::vector<at::Tensor> inner(np), wrapped(np);
-  std::vector<bool> same_strides(np, true);
   std::unordered_map<const c10::TensorImpl*, at::Tensor> wrapper_of;
   for (size_t k = 0; k < np; ++k) {
     const at::Tensor& t = j.primals[k].tensor;
@@ -285,14 +289,11 @@ JointGraph build_joint(const ir::GraphModule& gm, const std::vector<at::Tensor>&
         inner[k] = at::empty_strided(d.sizes(), d.strides(), d.options()).copy_(d);
       }
     }
-    same_strides[k] = inner[k].strides() == t.strides();
-    if (!same_strides[k] && j.decline_reason.empty()) {
+    if (inner[k].strides() != t.strides()) {
       // An input that overlaps itself (expanded): the trace on a copy would record the copy's
       // views, which are not the real tensor's.
-      j.decline_reason = std::string("the memory layout of ") +
-                         (j.primals[k].input < 0 ? "'" + j.primals[k].attribute + "'"
-                                                 : "input " + std::to_string(j.primals[k].input)) +
-                         " (strides " + c10::str(t.strides()) + ") cannot be reproduced for tracing";
+      j.decline_reason = "the memory layout of " + primal_name(j.primals[k]) + " (strides " + c10::str(t.strides()) +
+                         ") cannot be reproduced for tracing";
       return j;
     }
     tracer.add_input(inner[k], name);
@@ -352,8 +353,6 @@ JointGraph build_joint(const ir::GraphModule& gm, const std::vector<at::Tensor>&
       OutputSource src;
       for (size_t k = 0; k < np && out.defined(); ++k) {
         if (!wrapped[k].defined() || !out.is_alias_of(wrapped[k])) continue;
-        TORCH_CHECK(same_strides[k], "aot_autograd: an output is a view of input ", k + 1,
-                    ", whose memory layout could not be reproduced for tracing");
         src.alias_primal = static_cast<int>(k);
         src.sizes = out.sizes().vec();
         src.strides = out.strides().vec();
@@ -400,15 +399,13 @@ JointGraph build_joint(const ir::GraphModule& gm, const std::vector<at::Tensor>&
       at::Tensor now = unwrap(wrapped[k]);
       if (now.unsafeGetTensorImpl() == inner[k].unsafeGetTensorImpl()) continue;
       TORCH_CHECK(!j.primals[k].requires_grad || !want_grads, "aot_autograd: the forward updates ",
-                  j.primals[k].input < 0 ? "'" + j.primals[k].attribute + "'" : "input " + std::to_string(j.primals[k].input),
+                  primal_name(j.primals[k]),
                   " in place although it requires grad");
       if (want_grads && !j.primals[k].requires_grad && wrapped[k].requires_grad() && j.decline_reason.empty()) {
         // The written value requires grad (`x.copy_(x + w)` into an input that does not): eager
         // gives the input an autograd history, the pair's write-back (a plain copy) would not.
-        j.decline_reason = "the forward writes a value that requires grad into " +
-                                 (j.primals[k].input < 0 ? "'" + j.primals[k].attribute + "'"
-                                                         : "input " + std::to_string(j.primals[k].input)) +
-                                 ", which does not require grad; the interpreter runs it under autograd";
+        j.decline_reason = "the forward writes a value that requires grad into " + primal_name(j.primals[k]) +
+                           ", which does not require grad; the interpreter runs it under autograd";
       }
       j.mutated_primals.push_back(k);
       joint_outputs.push_back(now);

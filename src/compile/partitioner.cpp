@@ -149,9 +149,11 @@ Backend partitioned_backend(std::vector<PartitionBackend> backends, size_t min_s
       CompiledFn fn;
       std::string failure, why;
       CompileReport part_report;  // the part's own: its lines join this graph's partition
+      const std::vector<at::Tensor> examples = part_examples(*split.parent, part.path, example_inputs);
+      compile_stage::verify_text_round_trip(*part.module, examples);  // throws: not a backend's failure
       try {
         detail::ReportScope scope(&part_report);
-        fn = b.compile(*part.module, part_examples(*split.parent, part.path, example_inputs));
+        fn = b.compile(*part.module, examples);
         why = detail::take_decline_reason();
       } catch (const std::exception& e) {
         failure = e.what();

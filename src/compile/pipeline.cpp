@@ -45,21 +45,12 @@ bool verify_text_enabled() {
   return enabled;
 }
 
-std::vector<at::Tensor> cloned(const std::vector<at::Tensor>& tensors) {
-  std::vector<at::Tensor> out;
-  out.reserve(tensors.size());
-  for (const auto& t : tensors) out.push_back(t.defined() ? t.detach().clone() : t);
-  return out;
-}
-
 // Runs `gm` on copies of the inputs and of its attributes (an in-place op changes neither the
 // caller's tensors nor the module's) from the current random state.
 std::vector<at::Tensor> run_on_copies(const GraphModule& gm, const std::vector<at::Tensor>& inputs) {
-  std::unique_ptr<GraphModule> copy = ir::copy_module(gm);
-  for (const auto& [name, attr] : gm.attributes())
-    copy->set_attribute(name, attr.first.defined() ? attr.first.detach().clone() : attr.first, attr.second);
+  at::NoGradGuard no_grad;  // the copies keep requires_grad; the check compares values only
   support::RngStateGuard rng;
-  return copy->forward(cloned(inputs));
+  return repro::detail::copy_with_attributes(gm)->forward(repro::detail::copy_tensors(inputs));
 }
 
 bool same_result(const at::Tensor& a, const at::Tensor& b) {
@@ -71,11 +62,10 @@ bool same_result(const at::Tensor& a, const at::Tensor& b) {
   return at::equal(a, b);
 }
 
-// TORCHCOMPILE_VERIFY_TEXT=1: a graph with size symbols handed to a backend must round-trip
-// through the text format (print, parse, print gives the same text), and the parsed graph must
-// compute what the graph computes at the example inputs. (The test suite runs with it.)
+}  // namespace
+
 void verify_text_round_trip(const GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
-  if (gm.graph().symbols().empty()) return;
+  if (!verify_text_enabled() || gm.graph().symbols().empty()) return;
   for (const auto& n : gm.graph().nodes())
     if (n->kind() == ir::NodeKind::CallModule) return;  // the text names submodules; their graphs are checked on their own
   const std::string text = ir::to_text(gm.graph());
@@ -94,8 +84,6 @@ void verify_text_round_trip(const GraphModule& gm, const std::vector<at::Tensor>
                 " of the parsed graph differs from the graph's at the example inputs:\n", text);
 }
 
-}  // namespace
-
 CompiledFn call_backend(const Backend& backend, const std::string& name, GraphModule& gm,
                         const std::vector<at::Tensor>& example_inputs) {
   CompileReport* report = detail::current_report();
@@ -105,7 +93,7 @@ CompiledFn call_backend(const Backend& backend, const std::string& name, GraphMo
     report->attempts.push_back({name, outcome, std::move(reason)});
   };
   detail::take_decline_reason();  // a stale reason from a decline outside any pipeline
-  if (verify_text_enabled()) verify_text_round_trip(gm, example_inputs);
+  verify_text_round_trip(gm, example_inputs);
   CompiledFn fn;
   try {
     fn = backend(gm, example_inputs);
