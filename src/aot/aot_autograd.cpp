@@ -71,6 +71,18 @@ struct Runtime : torch::CustomClassHolder {
   // forward updates primals.
   std::shared_ptr<ir::Interpreter> shared_memory_fallback;
   mutable std::atomic<bool> told_shared_memory{false};
+  // Outputs that are views of a primal are rebuilt with the strides the primal had when traced;
+  // a call whose primal has other strides (the tensor a previous graph produced laid out
+  // otherwise than in the traced call) runs the captured graph with this interpreter instead.
+  // Set only when an output is such a view.
+  std::shared_ptr<ir::Interpreter> layout_fallback;
+  mutable std::atomic<bool> told_layout{false};
+
+  bool aliased_primals_keep_their_layout(const std::vector<at::Tensor>& ps) const {
+    for (const OutputSource& o : outputs)
+      if (o.alias_primal >= 0 && ps[o.alias_primal].strides() != c10::IntArrayRef(o.primal_strides)) return false;
+    return true;
+  }
 
   std::vector<at::Tensor> gather(std::vector<at::Tensor>& inputs) const {
     std::vector<at::Tensor> ps;
@@ -240,6 +252,14 @@ std::vector<at::Tensor> Runtime::call(const c10::intrusive_ptr<Runtime>& self, s
       if (self->primals[k].input >= 0) inputs[self->primals[k].input] = std::move(ps[k]);
     return self->shared_memory_fallback->run(std::move(inputs));
   }
+  if (self->layout_fallback && !self->aliased_primals_keep_their_layout(ps)) {
+    if (!self->told_layout.exchange(true))
+      TORCHCOMPILE_LOG(logging::LogKind::Graph, "aot_autograd: an input of which an output is a view has other strides "
+                       "than when traced; such calls run the graph with the interpreter");
+    for (size_t k = 0; k < ps.size(); ++k)
+      if (self->primals[k].input >= 0) inputs[self->primals[k].input] = std::move(ps[k]);
+    return self->layout_fallback->run(std::move(inputs));
+  }
   std::vector<at::Tensor> outs;
   if (self->training) {
     outs = CompiledGraph::apply(at::TensorList(ps), c10::IValue::make_capsule(self));
@@ -316,6 +336,8 @@ Backend aot_autograd(Backend fw_compiler, Backend bw_compiler, DecompositionTabl
     rt->is_mutated.assign(rt->primals.size(), false);
     for (size_t k : rt->mutated_primals) rt->is_mutated[k] = true;
     if (!rt->mutated_primals.empty()) rt->shared_memory_fallback = std::make_shared<ir::Interpreter>(gm);
+    for (const aot::OutputSource& o : rt->outputs)
+      if (o.alias_primal >= 0 && !rt->layout_fallback) rt->layout_fallback = std::make_shared<ir::Interpreter>(gm);
     rt->grad_primals = std::move(joint.grad_primals);
     rt->training = joint.training;
     rt->num_saved = part.num_saved;

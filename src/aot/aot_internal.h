@@ -25,6 +25,7 @@ struct OutputSource {
   int alias_primal = -1;  ///< or a view of this primal, rebuilt with as_strided on each call
   std::vector<int64_t> sizes, strides;
   int64_t storage_offset = 0;  ///< relative to the primal's own storage offset
+  std::vector<int64_t> primal_strides;  ///< the primal's strides when traced (the view is right only for them)
 };
 
 /// The joint forward+backward graph of one captured graph.

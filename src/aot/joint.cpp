@@ -2,6 +2,7 @@
 // tracer, parameters lifted to primals, and autograd asked for the primals' gradients.
 #include "aot/aot_internal.h"
 #include "support/rng_state_guard.h"
+#include "support/strided_copy.h"
 
 #include <torchcompile/capture/tracer.h>
 #include <torchcompile/compat.h>
@@ -13,7 +14,6 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/FunctionalTensorWrapper.h>
-#include <ATen/MemoryOverlap.h>
 #include <ATen/TensorUtils.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -277,18 +277,9 @@ JointGraph build_joint(const ir::GraphModule& gm, const std::vector<at::Tensor>&
       tracer.add_input(at::Tensor(), name);
       continue;
     }
-    {
-      // A copy with the primal's strides: the trace's views and reshapes (which may alias or
-      // copy, by the strides) must be those of the real tensor. A narrowed or transposed view
-      // keeps its strides in a copy; clone() would make a non-dense one contiguous.
-      at::NoGradGuard no_grad;
-      const at::Tensor d = t.detach();
-      if (d.is_non_overlapping_and_dense() || at::has_internal_overlap(d) == at::MemOverlap::Yes) {
-        inner[k] = d.clone(at::MemoryFormat::Preserve);
-      } else {
-        inner[k] = at::empty_strided(d.sizes(), d.strides(), d.options()).copy_(d);
-      }
-    }
+    // A copy with the primal's strides: the trace's views and reshapes (which may alias or copy,
+    // by the strides) must be those of the real tensor.
+    inner[k] = support::strided_copy(t);
     if (inner[k].strides() != t.strides()) {
       // An input that overlaps itself (expanded): the trace on a copy would record the copy's
       // views, which are not the real tensor's.
@@ -357,6 +348,7 @@ JointGraph build_joint(const ir::GraphModule& gm, const std::vector<at::Tensor>&
         src.sizes = out.sizes().vec();
         src.strides = out.strides().vec();
         src.storage_offset = out.storage_offset() - inner[k].storage_offset();
+        src.primal_strides = inner[k].strides().vec();
         break;
       }
       if (src.alias_primal < 0) {

@@ -18,6 +18,7 @@
 #include "capture/metadata_at.h"
 #include "capture/observed.h"
 #include "capture/segment_records.h"
+#include "support/strided_copy.h"
 
 #include <algorithm>
 #include <cstring>
@@ -478,7 +479,7 @@ struct Tracer::Impl {
         ObservedTensorImpl* observed = ObservedTensorImpl::of(t);
         const bool was_observing = observed && observed->observing();
         if (was_observing) observed->set_observing(false);  // not host code reading its sizes
-        copy = t.detach().clone(at::MemoryFormat::Preserve);
+        copy = support::strided_copy(t);  // the layout the segment read
         if (was_observing) observed->set_observing(true);
       }
       values_before_writes.emplace(std::make_pair(s, slot_epoch[s]), std::move(copy));
