@@ -579,6 +579,13 @@ std::shared_ptr<const FusedProgram> FusedProgram::build(const ir::GraphModule& g
   }
   if (e.code.empty()) return fail("nothing to fuse");
   if (!gm.graph().symbols().empty()) {
+    // The program bakes the operators' scalar arguments in: one that is a size expression (the
+    // `div(%expand, %s0)` of a mean's gradient) differs per size.
+    for (const auto& np : gm.graph().nodes())
+      for (size_t i = 0; i < np->args().size(); ++i)
+        if (np->args()[i].is_size_expression())
+          return fail("argument " + std::to_string(i) + " of '" + np->name() +
+                      "' is a size expression, which one program for every size cannot bake in");
     // Every size a constant or one symbol, evaluated per call.
     const auto& symbols = gm.graph().symbols();
     std::string bad;

@@ -1,6 +1,7 @@
 // aot_autograd(): the backend wrapper, and the runtime that runs a compiled forward/backward
 // pair as one torch::autograd::Function.
 #include "aot/aot_internal.h"
+#include "backends/verify_text.h"
 #include <torchcompile/support/logging.h>
 
 #include <torchcompile/backends/backend.h>
@@ -61,6 +62,7 @@ struct Runtime : torch::CustomClassHolder {
   std::vector<ir::TensorMeta> fw_output_meta;
   size_t num_saved = 0;
   bool training = false;
+  bool symbolic = false;  // the graphs have size symbols: fw_output_meta's sizes are the example's
   std::unique_ptr<ir::GraphModule> forward_gm, backward_gm;  // the compiled functions may refer to them
   CompiledFn forward, backward;
   // The joint graph was traced with every primal in memory of its own, so the compiled pair is
@@ -212,6 +214,12 @@ struct CompiledGraph : torch::autograd::Function<CompiledGraph> {
     for (size_t i = 0; i < outs.size(); ++i)
       if (rt.tangent_of_fw_output[i] < 0) constant.push_back(outs[i]);
     if (!constant.empty()) ctx->mark_non_differentiable(constant);
+    if (rt.symbolic) {
+      // A missing gradient becomes zeros of the output's sizes in this call.
+      c10::List<c10::List<int64_t>> sizes;
+      for (const at::Tensor& o : outs) sizes.push_back(c10::List<int64_t>(o.defined() ? o.sizes() : c10::IntArrayRef()));
+      ctx->saved_data["output_sizes"] = std::move(sizes);
+    }
     return outs;
   }
 
@@ -227,7 +235,9 @@ struct CompiledGraph : torch::autograd::Function<CompiledGraph> {
       at::Tensor& g = grad_outputs[i];
       if (!g.defined()) {
         const ir::TensorMeta& m = rt.fw_output_meta[i];
-        g = at::zeros(m.sizes, at::TensorOptions().dtype(m.dtype).device(m.device));
+        const std::vector<int64_t> sizes =
+            rt.symbolic ? ctx->saved_data.at("output_sizes").toList().get(i).toIntVector() : m.sizes;
+        g = at::zeros(sizes, at::TensorOptions().dtype(m.dtype).device(m.device));
       }
       // The backward graph was traced with contiguous tangents (as AOTAutograd does).
       inputs.push_back(g.contiguous());
@@ -296,12 +306,85 @@ AotGraphs trace_and_partition(GraphModule& gm, const std::vector<at::Tensor>& ex
 
 }  // namespace aot
 
+namespace aot {
+namespace {
+
+// The compiled pair of a joint graph (static, or with size symbols) and its partition.
+CompiledFn compile_pair(GraphModule& gm, const std::vector<at::Tensor>& example_inputs, JointGraph joint,
+                        Partition part, const Backend& fw_compiler, const Backend& bw_compiler) {
+  std::optional<TimedStep> step;
+  ir::lint(part.forward->graph());
+  if (part.backward) ir::lint(part.backward->graph());
+  if (logging::log_enabled(logging::LogKind::Graph)) {
+    logging::log(logging::LogKind::Graph, "aot_autograd: joint graph:\n" + ir::to_text(joint.gm->graph()));
+    logging::log(logging::LogKind::Graph, "aot_autograd: forward graph:\n" + ir::to_text(part.forward->graph()));
+    if (part.backward)
+      logging::log(logging::LogKind::Graph, "aot_autograd: backward graph:\n" + ir::to_text(part.backward->graph()));
+  }
+  auto rt = c10::make_intrusive<Runtime>();
+  rt->primals = std::move(joint.primals);
+  for (auto& p : rt->primals)
+    if (p.input >= 0) p.tensor.reset();  // inputs come with each call; only module state is kept
+  rt->outputs = std::move(joint.outputs);
+  rt->num_fw_outputs = joint.num_fw_outputs;
+  rt->tangent_of_fw_output = std::move(joint.tangent_of_fw_output);
+  rt->mutated_primals = std::move(joint.mutated_primals);
+  rt->is_mutated.assign(rt->primals.size(), false);
+  for (size_t k : rt->mutated_primals) rt->is_mutated[k] = true;
+  if (!rt->mutated_primals.empty()) rt->shared_memory_fallback = std::make_shared<ir::Interpreter>(gm);
+  for (const OutputSource& o : rt->outputs)
+    if (o.alias_primal >= 0 && !rt->layout_fallback) rt->layout_fallback = std::make_shared<ir::Interpreter>(gm);
+  rt->grad_primals = std::move(joint.grad_primals);
+  rt->training = joint.training;
+  rt->num_saved = part.num_saved;
+  rt->symbolic = !joint.gm->graph().symbols().empty();
+  const ir::Node* out_node = part.forward->graph().output_node();
+  for (size_t i = 0; i < rt->num_fw_outputs; ++i) {
+    const auto& v = *out_node->args().at(0).list().at(i);
+    rt->fw_output_meta.push_back(v.node->output_meta().at(v.index));
+  }
+  // Forward example inputs: the real primals of the traced call, detached as the forward runs
+  // them (CompiledGraph::forward): its kernels need record no autograd graph.
+  std::vector<at::Tensor> fw_examples;
+  for (const auto& p : rt->primals) {
+    const at::Tensor& t = p.input < 0 ? p.tensor : example_inputs.at(p.input);
+    fw_examples.push_back(t.defined() ? t.detach() : t);
+  }
+  // A graph its compiler declines runs with the interpreter (still without autograd inside).
+  auto or_interpreter = [](CompiledFn fn, const ir::GraphModule& g, const char* which) {
+    std::string why = detail::take_decline_reason();
+    if (fn) return fn;
+    report_partition(std::string("aot: ") + which + " graph run by the interpreter (its compiler declined" +
+                     (why.empty() ? "" : ": " + why) + ")");
+    return CompiledFn(ir::interpreter_fn(g));
+  };
+  rt->forward_gm = std::move(part.forward);
+  step.emplace("aot: forward compiler");
+  detail::verify_text_round_trip(*rt->forward_gm, fw_examples);
+  detail::take_decline_reason();
+  rt->forward = or_interpreter(fw_compiler(*rt->forward_gm, fw_examples), *rt->forward_gm, "forward");
+  if (rt->training) {
+    // Backward example inputs carry the traced metadata (Python passes fake tensors here); the
+    // backward runs with grad mode off (no double backward).
+    rt->backward_gm = std::move(part.backward);
+    step.emplace("aot: backward compiler");
+    at::NoGradGuard no_grad;
+    const std::vector<at::Tensor> bw_examples = zeros_like_meta(*rt->backward_gm);
+    detail::verify_text_round_trip(*rt->backward_gm, bw_examples);
+    detail::take_decline_reason();
+    rt->backward = or_interpreter(bw_compiler(*rt->backward_gm, bw_examples), *rt->backward_gm, "backward");
+  }
+  return [rt](std::vector<at::Tensor> inputs) { return Runtime::call(rt, std::move(inputs)); };
+}
+
+}  // namespace
+}  // namespace aot
+
 Backend aot_autograd(Backend fw_compiler, Backend bw_compiler, DecompositionTable decompositions,
                      Partitioner partition) {
   TORCH_CHECK(fw_compiler, "aot_autograd: a forward compiler is required");
   if (!bw_compiler) bw_compiler = fw_compiler;
-  Backend static_aot = [fw_compiler = std::move(fw_compiler), bw_compiler = std::move(bw_compiler),
-                        decompositions = std::move(decompositions),
+  Backend static_aot = [fw_compiler, bw_compiler, decompositions,
                         partition](GraphModule& gm, const std::vector<at::Tensor>& example_inputs) -> CompiledFn {
     std::string why;
     if (!aot::liftable(gm, aot::wants_gradients(gm, example_inputs), &why)) {
@@ -316,70 +399,35 @@ Backend aot_autograd(Backend fw_compiler, Backend bw_compiler, DecompositionTabl
     if (!joint.decline_reason.empty()) return decline("aot_autograd: " + joint.decline_reason);
     step.emplace("aot: partition");
     Partition part = aot::partition_joint(joint, partition);
-    ir::lint(part.forward->graph());
-    if (part.backward) ir::lint(part.backward->graph());
     step.reset();
-    if (logging::log_enabled(logging::LogKind::Graph)) {
-      logging::log(logging::LogKind::Graph, "aot_autograd: joint graph:\n" + ir::to_text(joint.gm->graph()));
-      logging::log(logging::LogKind::Graph, "aot_autograd: forward graph:\n" + ir::to_text(part.forward->graph()));
-      if (part.backward)
-        logging::log(logging::LogKind::Graph, "aot_autograd: backward graph:\n" + ir::to_text(part.backward->graph()));
-    }
-    auto rt = c10::make_intrusive<aot::Runtime>();
-    rt->primals = std::move(joint.primals);
-    for (auto& p : rt->primals)
-      if (p.input >= 0) p.tensor.reset();  // inputs come with each call; only module state is kept
-    rt->outputs = std::move(joint.outputs);
-    rt->num_fw_outputs = joint.num_fw_outputs;
-    rt->tangent_of_fw_output = std::move(joint.tangent_of_fw_output);
-    rt->mutated_primals = std::move(joint.mutated_primals);
-    rt->is_mutated.assign(rt->primals.size(), false);
-    for (size_t k : rt->mutated_primals) rt->is_mutated[k] = true;
-    if (!rt->mutated_primals.empty()) rt->shared_memory_fallback = std::make_shared<ir::Interpreter>(gm);
-    for (const aot::OutputSource& o : rt->outputs)
-      if (o.alias_primal >= 0 && !rt->layout_fallback) rt->layout_fallback = std::make_shared<ir::Interpreter>(gm);
-    rt->grad_primals = std::move(joint.grad_primals);
-    rt->training = joint.training;
-    rt->num_saved = part.num_saved;
-    const ir::Node* out_node = part.forward->graph().output_node();
-    for (size_t i = 0; i < rt->num_fw_outputs; ++i) {
-      const auto& v = *out_node->args().at(0).list().at(i);
-      rt->fw_output_meta.push_back(v.node->output_meta().at(v.index));
-    }
-    // Forward example inputs: the real primals of the traced call, detached as the forward runs
-    // them (CompiledGraph::forward): its kernels need record no autograd graph.
-    std::vector<at::Tensor> fw_examples;
-    for (const auto& p : rt->primals) {
-      const at::Tensor& t = p.input < 0 ? p.tensor : example_inputs.at(p.input);
-      fw_examples.push_back(t.defined() ? t.detach() : t);
-    }
-    // A graph its compiler declines runs with the interpreter (still without autograd inside).
-    auto or_interpreter = [](CompiledFn fn, const ir::GraphModule& g, const char* which) {
-      std::string why = detail::take_decline_reason();
-      if (fn) return fn;
-      report_partition(std::string("aot: ") + which + " graph run by the interpreter (its compiler declined" +
-                       (why.empty() ? "" : ": " + why) + ")");
-      return CompiledFn(ir::interpreter_fn(g));
-    };
-    rt->forward_gm = std::move(part.forward);
-    step.emplace("aot: forward compiler");
-    detail::take_decline_reason();
-    rt->forward = or_interpreter(fw_compiler(*rt->forward_gm, fw_examples), *rt->forward_gm, "forward");
-    if (rt->training) {
-      // Backward example inputs carry the traced metadata (Python passes fake tensors here); the
-      // backward runs with grad mode off (no double backward).
-      rt->backward_gm = std::move(part.backward);
-      step.emplace("aot: backward compiler");
-      at::NoGradGuard no_grad;
-      detail::take_decline_reason();
-      rt->backward = or_interpreter(bw_compiler(*rt->backward_gm, aot::zeros_like_meta(*rt->backward_gm)),
-                                    *rt->backward_gm, "backward");
-    }
-    return [rt](std::vector<at::Tensor> inputs) { return aot::Runtime::call(rt, std::move(inputs)); };
+    return aot::compile_pair(gm, example_inputs, std::move(joint), std::move(part), fw_compiler, bw_compiler);
   };
-  // The joint graph is traced at concrete sizes (its integers are those of the example): one per
-  // combination of size symbols.
-  return [static_aot = std::move(static_aot)](GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
+  // A graph with size symbols: one joint graph with the symbols when the joint graphs recorded at
+  // other sizes generalize (aot/symbolic_joint.cpp), its forward and backward compiled once;
+  // otherwise one joint graph per combination of the symbols' values.
+  return [static_aot = std::move(static_aot), fw_compiler = std::move(fw_compiler),
+          bw_compiler = std::move(bw_compiler), decompositions = std::move(decompositions),
+          partition](GraphModule& gm, const std::vector<at::Tensor>& example_inputs) -> CompiledFn {
+    if (gm.graph().symbols().empty()) return static_aot(gm, example_inputs);
+    std::string why;
+    if (aot::liftable(gm, aot::wants_gradients(gm, example_inputs), &why)) {
+      std::optional<TimedStep> step;
+      step.emplace("aot: joint graph with size symbols (recorded at 4 sizes)");
+      std::optional<JointGraph> joint = aot::build_symbolic_joint(gm, example_inputs, decompositions, why);
+      if (joint) {
+        step.emplace("aot: partition");
+        Partition part = aot::partition_joint(*joint, partition);
+        if (!part.lost_symbols) {
+          step.reset();
+          TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "aot_autograd: one joint graph for every size (",
+                           gm.graph().symbols().size(), " size symbols)");
+          report_partition("aot: one forward and backward graph for every size (size symbols)");
+          return aot::compile_pair(gm, example_inputs, std::move(*joint), std::move(part), fw_compiler, bw_compiler);
+        }
+        why = "the forward or backward graph cannot bind every size symbol it uses";
+      }
+      TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "aot_autograd: one joint graph per size: ", why);
+    }
     return compile_per_shape(gm, example_inputs, static_aot);
   };
 }

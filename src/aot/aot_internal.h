@@ -6,6 +6,7 @@
 #include <torchcompile/ir/graph_module.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,14 @@ struct JointGraph {
 JointGraph build_joint(const ir::GraphModule& gm, const std::vector<at::Tensor>& example_inputs,
                        const DecompositionTable& decompositions);
 
+/// The joint graph of `gm`, a graph with size symbols, for every size: recorded at the example
+/// inputs and at three other combinations of the symbols' values (inputs made from the examples'
+/// values), its integers and metadata fitted as expressions of the symbols, which it declares.
+/// None, with `why`, when the recordings differ otherwise, an expression does not fit, or the
+/// graph is declined at the examples.
+std::optional<JointGraph> build_symbolic_joint(const ir::GraphModule& gm, const std::vector<at::Tensor>& example_inputs,
+                                               const DecompositionTable& decompositions, std::string& why);
+
 /// The forward and backward graphs.
 ///
 /// forward: primals -> [forward outputs][mutated primals' new values][saved values]
@@ -63,6 +72,9 @@ struct Partition {
   std::unique_ptr<ir::GraphModule> backward;  ///< null for a forward-only graph
   size_t num_saved = 0;
   PartitionReport report;
+  /// The joint graph had size symbols that the forward or backward graph could not keep (its
+  /// inputs do not bind them): that graph was made static at the example sizes.
+  bool lost_symbols = false;
 };
 
 Partition partition_joint(const JointGraph& joint, Partitioner partitioner);

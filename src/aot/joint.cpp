@@ -260,6 +260,19 @@ JointGraph build_joint(const ir::GraphModule& gm, const std::vector<at::Tensor>&
   const bool want_grads = at::GradMode::is_enabled() && any_requires_grad;
   std::string why;
   TORCH_CHECK(liftable(gm, want_grads, &why), "aot_autograd: ", why);
+  if (want_grads) {
+    // An input that requires grad (an activation a previous graph returned) updated in place:
+    // eager records the update in its autograd history; the pair's write-back (a plain copy)
+    // would not, and its gradient would miss the update.
+    for (size_t i : ir::effects_of(gm).written_inputs) {
+      const at::Tensor& t = example_inputs.at(i);
+      if (t.defined() && t.requires_grad()) {
+        j.decline_reason = "the forward updates input " + std::to_string(i) +
+                           " in place although it requires grad; the interpreter runs it under autograd";
+        return j;
+      }
+    }
+  }
 
   RngStateGuard rng;
   capture::Tracer tracer(/*fullgraph=*/true, capture::TraceLevel::BelowAutograd);
@@ -390,9 +403,13 @@ JointGraph build_joint(const ir::GraphModule& gm, const std::vector<at::Tensor>&
       if (!wrapped[k].defined()) continue;
       at::Tensor now = unwrap(wrapped[k]);
       if (now.unsafeGetTensorImpl() == inner[k].unsafeGetTensorImpl()) continue;
-      TORCH_CHECK(!j.primals[k].requires_grad || !want_grads, "aot_autograd: the forward updates ",
-                  primal_name(j.primals[k]),
-                  " in place although it requires grad");
+      if (want_grads && j.primals[k].requires_grad && j.decline_reason.empty()) {
+        // An input that requires grad (an activation a previous graph returned) updated in place:
+        // eager records the update in its autograd history; the pair's write-back (a plain copy)
+        // would not, and its gradient would miss the update.
+        j.decline_reason = "the forward updates " + primal_name(j.primals[k]) +
+                           " in place although it requires grad; the interpreter runs it under autograd";
+      }
       if (want_grads && !j.primals[k].requires_grad && wrapped[k].requires_grad() && j.decline_reason.empty()) {
         // The written value requires grad (`x.copy_(x + w)` into an input that does not): eager
         // gives the input an autograd history, the pair's write-back (a plain copy) would not.

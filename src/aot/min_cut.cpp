@@ -21,6 +21,7 @@
 #include <functional>
 #include <limits>
 #include <queue>
+#include <set>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -60,10 +61,14 @@ const Node* memory_owner(Value v) {
 }
 
 // A new GraphModule computing `outputs` from `inputs` (which become its placeholders, in order)
-// with the joint graph's nodes; names are kept, attributes copied.
+// with the joint graph's nodes; names are kept, attributes copied. In a joint graph with size
+// symbols, the new graph declares those it uses if its placeholders bind them all; otherwise it is
+// made static (ir::carry_symbols) and `lost_symbols` is set. Without `carry_symbols` it keeps the
+// joint graph's symbolic metadata and declares nothing (to see which symbols it would use).
 std::unique_ptr<ir::GraphModule> extract(const ir::GraphModule& joint, const std::vector<Value>& inputs,
                                          const std::vector<Value>& outputs, const char* what,
-                                         const std::vector<Value>& also_run = {}) {
+                                         const std::vector<Value>& also_run = {}, bool* lost_symbols = nullptr,
+                                         bool carry_symbols = true) {
   auto gm = std::make_unique<ir::GraphModule>();
   ir::Graph& g = gm->graph();
   std::unordered_map<Value, Value, ir::ValueHash> env;
@@ -95,6 +100,7 @@ std::unique_ptr<ir::GraphModule> extract(const ir::GraphModule& joint, const std
   std::vector<Value> outs;
   for (const Value& v : outputs) outs.push_back(map(v));
   g.output(std::move(outs));
+  if (carry_symbols && !ir::carry_symbols(joint, g) && lost_symbols) *lost_symbols = true;
   return gm;
 }
 
@@ -234,6 +240,38 @@ size_t count_ops(const ir::GraphModule& gm) {
 }  // namespace
 
 
+// A joint graph with size symbols: the backward computes sizes from the symbols (`expand(%t,
+// [%s0, 64])`), and its inputs bind them only where a saved value or a tangent has the symbol as
+// a dimension. For each symbol the backward uses and its inputs do not bind, the primal that binds
+// it in the joint graph is saved too (as seed graphs save the symbol itself, `primals_7`); it is
+// an input of the call, so saving it costs no memory the call does not hold anyway.
+void save_symbol_bindings(const JointGraph& j, const std::vector<Value>& primals, const std::vector<Value>& tangents,
+                          const std::vector<Value>& grad_outputs, std::vector<Value>& saved) {
+  const ir::Graph& g = j.gm->graph();
+  std::vector<Value> backward_inputs = saved;
+  backward_inputs.insert(backward_inputs.end(), tangents.begin(), tangents.end());
+  auto trial = extract(*j.gm, backward_inputs, grad_outputs, "backward", {}, nullptr, /*carry_symbols=*/false);
+  const std::set<std::string> used = ir::used_symbols(trial->graph());
+  std::set<std::string> bound;
+  for (const Value& v : backward_inputs)
+    for (const ir::SymExpr& e : v.node->output_meta().at(v.index).sym_sizes)
+      if (auto s = e.as_symbol()) bound.insert(*s);
+  const std::vector<std::pair<size_t, int64_t>> bindings = g.symbol_bindings();
+  const std::vector<Node*> placeholders = g.placeholders();
+  for (size_t k = 0; k < g.symbols().size(); ++k) {
+    const std::string& name = g.symbols()[k].name;
+    if (!used.count(name) || bound.count(name)) continue;
+    const Value binder = placeholders.at(bindings[k].first)->output(0);
+    if (std::find(primals.begin(), primals.end(), binder) == primals.end()) continue;
+    bool mutated = false;
+    for (size_t m : j.mutated_primals) mutated = mutated || primals.at(m) == binder;
+    if (mutated || std::find(saved.begin(), saved.end(), binder) != saved.end()) continue;
+    saved.push_back(binder);
+    for (const ir::SymExpr& e : binder.node->output_meta().at(0).sym_sizes)
+      if (auto s = e.as_symbol()) bound.insert(*s);
+  }
+}
+
 Partition partition_joint(const JointGraph& j, Partitioner partitioner) {
   const ir::GraphModule& jgm = *j.gm;
   const ir::Graph& g = jgm.graph();
@@ -268,7 +306,7 @@ Partition partition_joint(const JointGraph& j, Partitioner partitioner) {
   Partition part;
   part.report.partitioner = partitioner;
   if (!j.training) {
-    part.forward = extract(jgm, primals, fw_outputs, "forward", random_draws);
+    part.forward = extract(jgm, primals, fw_outputs, "forward", random_draws, &part.lost_symbols);
     part.report.forward_nodes = count_ops(*part.forward);
     return part;
   }
@@ -310,12 +348,13 @@ Partition partition_joint(const JointGraph& j, Partitioner partitioner) {
                   "', which the forward updates in place");
   }
 
+  if (!g.symbols().empty()) save_symbol_bindings(j, primals, tangents, grad_outputs, saved);
   std::vector<Value> forward_outputs = fw_outputs;
   forward_outputs.insert(forward_outputs.end(), saved.begin(), saved.end());
-  part.forward = extract(jgm, primals, forward_outputs, "forward", random_draws);
+  part.forward = extract(jgm, primals, forward_outputs, "forward", random_draws, &part.lost_symbols);
   std::vector<Value> backward_inputs = saved;
   backward_inputs.insert(backward_inputs.end(), tangents.begin(), tangents.end());
-  part.backward = extract(jgm, backward_inputs, grad_outputs, "backward");
+  part.backward = extract(jgm, backward_inputs, grad_outputs, "backward", {}, &part.lost_symbols);
   part.num_saved = saved.size();
 
   PartitionReport& r = part.report;

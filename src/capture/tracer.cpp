@@ -480,6 +480,8 @@ struct Tracer::Impl {
         const bool was_observing = observed && observed->observing();
         if (was_observing) observed->set_observing(false);  // not host code reading its sizes
         copy = support::strided_copy(t);  // the layout the segment read
+        // A backend must see whether the input requires grad (AOT lifts it with its gradient).
+        if (t.requires_grad()) copy.requires_grad_(true);
         if (was_observing) observed->set_observing(true);
       }
       values_before_writes.emplace(std::make_pair(s, slot_epoch[s]), std::move(copy));

@@ -1,6 +1,7 @@
 // partitioned_backend (compile/partitioner.h): claims, split, one backend per part.
 #include <torchcompile/compile/partitioner.h>
 
+#include "backends/verify_text.h"
 #include "compile/pipeline.h"
 
 #include <torchcompile/ir/interpreter.h>
@@ -150,7 +151,7 @@ Backend partitioned_backend(std::vector<PartitionBackend> backends, size_t min_s
       std::string failure, why;
       CompileReport part_report;  // the part's own: its lines join this graph's partition
       const std::vector<at::Tensor> examples = part_examples(*split.parent, part.path, example_inputs);
-      compile_stage::verify_text_round_trip(*part.module, examples);  // throws: not a backend's failure
+      detail::verify_text_round_trip(*part.module, examples);  // throws: not a backend's failure
       try {
         detail::ReportScope scope(&part_report);
         fn = b.compile(*part.module, examples);

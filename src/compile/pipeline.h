@@ -29,11 +29,4 @@ CompiledGraph compile_graph(GraphModule& gm, const std::vector<at::Tensor>& exam
 CompiledFn call_backend(const Backend& backend, const std::string& name, GraphModule& gm,
                         const std::vector<at::Tensor>& example_inputs);
 
-/// TORCHCOMPILE_VERIFY_TEXT=1 (the test suite runs with it): a graph with size symbols about to
-/// be handed to a backend must round-trip through the text format (print, parse, print gives the
-/// same text) and the parsed graph must compute what the graph computes at the example inputs;
-/// throws otherwise. call_backend runs it; so does the partitioner for each part it compiles.
-/// Does nothing without the variable or for a graph without symbols.
-void verify_text_round_trip(const GraphModule& gm, const std::vector<at::Tensor>& example_inputs);
-
 }  // namespace torchcompile::compile_stage

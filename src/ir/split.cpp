@@ -145,41 +145,6 @@ PartPlan plan_part(const std::vector<const Node*>& nodes, int group,
   return p;
 }
 
-// The size symbols `g`'s metadata and size expressions use.
-std::set<std::string> used_symbols(const Graph& g) {
-  std::set<std::string> out;
-  auto add = [&out](const SymExpr& e) {
-    for (const std::string& s : e.symbols()) out.insert(s);
-  };
-  for (const auto& n : g.nodes()) {
-    for (const TensorMeta& m : n->output_meta()) {
-      for (const SymExpr& e : m.sym_sizes) add(e);
-      for (const SymExpr& e : m.sym_strides) add(e);
-    }
-    for (const Argument& a : n->args())
-      if (a.is_size_expression())
-        for (const SymExpr& e : a.sym_ints()) add(e);
-  }
-  return out;
-}
-
-// Declares in `part` the symbols of `gm` it uses, if a dimension of its placeholders binds each
-// (Graph::symbol_bindings); otherwise makes it static at the example sizes. Returns whether it
-// keeps its symbols (true for a part of a graph without symbols).
-bool carry_symbols(const GraphModule& gm, Graph& part) {
-  if (gm.graph().symbols().empty()) return true;
-  const std::set<std::string> used = used_symbols(part);
-  std::set<std::string> bound;
-  for (const Node* ph : part.placeholders())
-    for (const SymExpr& e : ph->output_meta().at(0).sym_sizes)
-      if (auto s = e.as_symbol()) bound.insert(*s);
-  const bool all_bound = std::includes(bound.begin(), bound.end(), used.begin(), used.end());
-  for (const SizeSymbolDecl& s : gm.graph().symbols())
-    if (used.count(s.name)) part.add_symbol(s);
-  if (!all_bound) part.clear_symbols();
-  return all_bound;
-}
-
 std::shared_ptr<GraphModule> build_part(const GraphModule& gm, const PartPlan& p, bool* symbolic) {
   auto part = std::make_shared<GraphModule>();
   Graph& g = part->graph();
@@ -209,6 +174,38 @@ std::shared_ptr<GraphModule> build_part(const GraphModule& gm, const PartPlan& p
 }
 
 }  // namespace
+
+std::set<std::string> used_symbols(const Graph& g) {
+  std::set<std::string> out;
+  auto add = [&out](const SymExpr& e) {
+    for (const std::string& s : e.symbols()) out.insert(s);
+  };
+  for (const auto& n : g.nodes()) {
+    for (const TensorMeta& m : n->output_meta()) {
+      for (const SymExpr& e : m.sym_sizes) add(e);
+      for (const SymExpr& e : m.sym_strides) add(e);
+    }
+    for (const Argument& a : n->args())
+      if (a.is_size_expression())
+        for (const SymExpr& e : a.sym_ints()) add(e);
+  }
+  return out;
+}
+
+bool carry_symbols(const GraphModule& gm, Graph& part) {
+  if (gm.graph().symbols().empty()) return true;
+  const std::set<std::string> used = used_symbols(part);
+  std::set<std::string> bound;
+  for (const Node* ph : part.placeholders())
+    for (const SymExpr& e : ph->output_meta().at(0).sym_sizes)
+      if (auto s = e.as_symbol()) bound.insert(*s);
+  const bool all_bound = std::includes(bound.begin(), bound.end(), used.begin(), used.end());
+  for (const SizeSymbolDecl& s : gm.graph().symbols())
+    if (used.count(s.name)) part.add_symbol(s);
+  if (!all_bound) part.clear_symbols();
+  return all_bound;
+}
+
 
 SplitGraph split_module(const GraphModule& gm, const std::vector<std::vector<const Node*>>& groups) {
   const Graph& g = gm.graph();

@@ -15,6 +15,7 @@
 // metadata of each new size by running the graph (compile_per_shape), and the runtime checks the
 // sizes of every result of a graph with symbols against its expressions.
 #include "capture/metadata_at.h"
+#include "ir/size_fit.h"
 #include "runtime/dynamic_entry.h"
 #include "support/rng_state_guard.h"
 
@@ -38,15 +39,10 @@ namespace torchcompile::runtime {
 
 namespace {
 
+namespace size_fit = ir::size_fit;
 using ir::SymExpr;
 using ir::TensorMeta;
-using Point = std::vector<int64_t>;  // one value per symbol
-
-// Basis functions of the fits: a name and its value at a point.
-struct Feature {
-  SymExpr expr;
-  std::function<int64_t(const Point&)> at;
-};
+using Point = size_fit::Point;
 
 std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes) {
   std::vector<int64_t> strides(sizes.size());
@@ -55,183 +51,16 @@ std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes) {
   return strides;
 }
 
-int64_t floordiv_int(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
-
-// a*f + b through the points, with integer a and b, if one exists.
-std::optional<SymExpr> fit_affine(const Feature& f, const std::vector<Point>& pts, const std::vector<int64_t>& y) {
-  size_t i = 0, j = 0;
-  for (j = 1; j < pts.size(); ++j)
-    if (f.at(pts[j]) != f.at(pts[i])) break;
-  if (j == pts.size()) return std::nullopt;
-  const int64_t df = f.at(pts[j]) - f.at(pts[i]), dy = y[j] - y[i];
-  if (dy % df != 0) return std::nullopt;
-  const int64_t a = dy / df, b = y[i] - a * f.at(pts[i]);
-  if (a == 0) return std::nullopt;
-  for (size_t p = 0; p < pts.size(); ++p)
-    if (a * f.at(pts[p]) + b != y[p]) return std::nullopt;
-  return SymExpr(a) * f.expr + SymExpr(b);
+size_fit::Basis basis_of(const DynamicPlan& plan, bool with_offsets) {
+  std::vector<std::string> names;
+  for (const SizeSymbol& s : plan.symbols) names.push_back(s.name);
+  return size_fit::basis_of(names, with_offsets);
 }
 
-// a*f + c*g + b through the points (integer coefficients), if one exists.
-std::optional<SymExpr> fit_sum(const Feature& f, const Feature& g, const std::vector<Point>& pts,
-                               const std::vector<int64_t>& y) {
-  const size_t n = pts.size();
-  for (size_t i = 0; i < n; ++i)
-    for (size_t j = i + 1; j < n; ++j)
-      for (size_t k = j + 1; k < n; ++k) {
-        // Differences from point i remove b: a*df + c*dg = dy at j and k.
-        const double f1 = double(f.at(pts[j]) - f.at(pts[i])), g1 = double(g.at(pts[j]) - g.at(pts[i]));
-        const double f2 = double(f.at(pts[k]) - f.at(pts[i])), g2 = double(g.at(pts[k]) - g.at(pts[i]));
-        const double y1 = double(y[j] - y[i]), y2 = double(y[k] - y[i]);
-        const double det = f1 * g2 - f2 * g1;
-        if (det == 0) continue;
-        const int64_t a = std::llround((y1 * g2 - y2 * g1) / det), c = std::llround((f1 * y2 - f2 * y1) / det);
-        if (a == 0 || c == 0) return std::nullopt;
-        const int64_t b = y[i] - a * f.at(pts[i]) - c * g.at(pts[i]);
-        for (size_t p = 0; p < n; ++p)
-          if (a * f.at(pts[p]) + c * g.at(pts[p]) + b != y[p]) return std::nullopt;
-        return SymExpr(a) * f.expr + SymExpr(c) * g.expr + SymExpr(b);
-      }
-  return std::nullopt;
-}
-
-Feature product(const Feature& f, const Feature& g) {
-  return {f.expr * g.expr, [f, g](const Point& p) { return f.at(p) * g.at(p); }};
-}
-
-// An expression of the symbols s0, s1, ... (named by their index) as a feature.
-Feature feature_of(const SymExpr& e) {
-  return {e, [e](const Point& p) {
-            return e.evaluate([&](const std::string& name) { return p.at(std::stoul(name.substr(1))); });
-          }};
-}
-
-// The basis functions of the fits over a plan's symbols: each symbol, each product of two (and of
-// all, for three or more), and floor divisions `(s + r)//c` for c in 2..8 (r in 0..c-1 with
-// `with_offsets`, else 0).
-struct Basis {
-  std::vector<Feature> singles, products, floors;
-};
-
-Basis basis_of(const DynamicPlan& plan, bool with_offsets) {
-  Basis b;
-  const size_t nsym = plan.symbols.size();
-  for (size_t k = 0; k < nsym; ++k)
-    b.singles.push_back({SymExpr::symbol(plan.symbols[k].name), [k](const Point& p) { return p[k]; }});
-  for (size_t i = 0; i < nsym; ++i)
-    for (size_t j = i; j < nsym; ++j)
-      b.products.push_back({b.singles[i].expr * b.singles[j].expr, [i, j](const Point& p) { return p[i] * p[j]; }});
-  if (nsym >= 3) {
-    SymExpr all(1);
-    for (const Feature& f : b.singles) all = all * f.expr;
-    b.products.push_back({all, [](const Point& p) {
-                            int64_t v = 1;
-                            for (int64_t x : p) v *= x;
-                            return v;
-                          }});
-  }
-  for (size_t k = 0; k < nsym; ++k)
-    for (int64_t c = 2; c <= 8; ++c)
-      for (int64_t r = 0; r < (with_offsets ? c : 1); ++r)
-        b.floors.push_back({floordiv(b.singles[k].expr + SymExpr(r), c),
-                            [k, c, r](const Point& p) { return floordiv_int(p[k] + r, c); }});
-  return b;
-}
-
-// Stride d of output o, if at every point the layout is dense (each stride the product of the
-// sizes of the dimensions with smaller strides, as in a contiguous tensor or a permutation of
-// one): that product of the fitted sizes.
-std::optional<SymExpr> dense_stride(const std::vector<SymExpr>& sizes, const std::vector<std::vector<TensorMeta>>& at,
-                                    size_t o, size_t d) {
-  std::optional<std::vector<size_t>> inner;  // the dimensions inside d, the same at every point
-  for (const std::vector<TensorMeta>& metas : at) {
-    const TensorMeta& m = metas.at(o);
-    // Dimensions ordered by stride, innermost first (ties by index, larger index inside).
-    std::vector<size_t> order(m.sizes.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      return m.strides[a] != m.strides[b] ? m.strides[a] < m.strides[b] : a > b;
-    });
-    int64_t expected = 1;
-    std::vector<size_t> inside;
-    for (size_t i : order) {
-      if (m.sizes[i] < 2) {  // the stride of a size-1 dimension is arbitrary
-        if (i == d) return std::nullopt;
-        continue;
-      }
-      if (m.strides[i] != expected) return std::nullopt;
-      if (i == d) break;
-      inside.push_back(i);
-      expected *= m.sizes[i];
-    }
-    std::sort(inside.begin(), inside.end());
-    if (inner && *inner != inside) return std::nullopt;
-    inner = inside;
-  }
-  SymExpr e(1);
-  for (size_t i : *inner) e = e * sizes.at(i);
-  return e;
-}
-
-// The expression of the symbols that gives y[p] at pts[p] for every p (see the file comment).
-std::optional<SymExpr> fit(const std::vector<Point>& pts, const std::vector<int64_t>& y,
-                           const std::vector<Feature>& singles, const std::vector<Feature>& products,
-                           const std::vector<Feature>& floors, const std::vector<Feature>& known) {
-  bool constant = true;
-  for (int64_t v : y) constant = constant && v == y[0];
-  if (constant) return SymExpr(y[0]);
-  for (const Feature& f : singles)
-    if (auto e = fit_affine(f, pts, y)) return e;
-  for (const Feature& f : known)
-    if (auto e = fit_affine(f, pts, y)) return e;
-  for (const Feature& f : products)
-    if (auto e = fit_affine(f, pts, y)) return e;
-  for (size_t i = 0; i < known.size(); ++i) {
-    for (size_t j = i; j < known.size(); ++j)
-      if (auto e = fit_affine(product(known[i], known[j]), pts, y)) return e;
-    for (const Feature& f : singles)
-      if (auto e = fit_affine(product(known[i], f), pts, y)) return e;
-  }
-  for (size_t i = 0; i < singles.size(); ++i)
-    for (size_t j = i + 1; j < singles.size(); ++j)
-      if (auto e = fit_sum(singles[i], singles[j], pts, y)) return e;
-  std::optional<SymExpr> found;
-  for (const Feature& f : floors) {
-    auto e = fit_affine(f, pts, y);
-    if (!e) continue;
-    if (found && *found != *e) return std::nullopt;  // two floor divisions fit: not determined
-    found = e;
-  }
-  return found;
-}
-
-// Three other values for each symbol, distinct from the traced one, from each other and from the
-// other symbols' values at the same probe, inside the symbol's range.
 std::optional<std::vector<Point>> probe_points(const DynamicPlan& plan, std::string& why) {
-  std::vector<Point> pts(4, Point(plan.symbols.size()));
-  for (size_t k = 0; k < plan.symbols.size(); ++k) pts[0][k] = plan.symbols[k].traced;
-  for (size_t p = 1; p < 4; ++p) {
-    for (size_t k = 0; k < plan.symbols.size(); ++k) {
-      const SizeSymbol& s = plan.symbols[k];
-      const int64_t t = s.traced;
-      const int64_t wanted[] = {t + 1, t + 2, 2 * t + 3, t - 1, t - 2, t + 3, t + 4, t - 3, 2 * t + 1, t + 5};
-      bool chosen = false;
-      for (int64_t v : wanted) {
-        if (v < s.min || v > s.max || v < 2) continue;
-        bool taken = false;
-        for (size_t q = 0; q < p; ++q) taken = taken || pts[q][k] == v;
-        for (size_t j = 0; j < k; ++j) taken = taken || pts[p][j] == v;
-        if (taken) continue;
-        pts[p][k] = v, chosen = true;
-        break;
-      }
-      if (!chosen) {
-        why = s.name + "'s range " + size_range(s.min, s.max) + " is too narrow to fit sizes as expressions of it";
-        return std::nullopt;
-      }
-    }
-  }
-  return pts;
+  std::vector<ir::SizeSymbolDecl> symbols;
+  for (const SizeSymbol& s : plan.symbols) symbols.push_back(ir::SizeSymbolDecl{s.name, s.traced, s.min, s.max});
+  return size_fit::probe_points(symbols, why);
 }
 
 // The inputs' metadata when the symbols take the values of `point`: symbolic dimensions take
@@ -328,85 +157,35 @@ std::string make_symbolic(GraphModule& gm, DynamicPlan& plan, const std::vector<
     return "running the graph's ops at other sizes failed: " + first_line(e);
   }
 
-  // Basis functions.
-  const Basis basis = basis_of(plan, /*with_offsets=*/true);
-  const std::vector<Feature>&singles = basis.singles, &products = basis.products, &floors = basis.floors;
-
-  // Fit every size and stride of every value. Sizes already fitted (`(s0 + 1)//2` after a
-  // strided convolution) are candidates for the later ones, alone or in products.
-  std::vector<Feature> known;
-  std::vector<std::pair<ir::Node*, std::vector<TensorMeta>>> fitted;
-  size_t input = 0;
-  for (const auto& node : g.nodes()) {
-    ir::Node* n = node.get();
-    if (n->kind() == ir::NodeKind::Output || n->num_outputs() == 0) continue;
-    std::vector<TensorMeta> metas = n->output_meta();
-    // The node's metadata at each probe.
-    std::vector<std::vector<TensorMeta>> at(pts->size());
-    at[0] = metas;
-    for (size_t p = 1; p < pts->size(); ++p) {
-      if (n->kind() == ir::NodeKind::GetAttr) {
-        at[p] = metas;
-        continue;
-      }
-      if (n->kind() == ir::NodeKind::Placeholder) {
-        TensorMeta m = metas.at(0);
-        for (const SymbolicDim& d : plan.dims)
-          if (d.input == input) m.sizes[d.dim] = (*pts)[p][d.symbol];
-        m.strides = m.sizes.empty() || metas[0].sizes == m.sizes ? metas[0].strides : contiguous_strides(m.sizes);
-        at[p] = {m};
-        continue;
-      }
-      auto it = seen[p].find(n->name());
-      if (it == seen[p].end()) return "node '" + n->name() + "' did not run at other sizes";
-      at[p] = it->second;
+  // Placeholders take the probes' values in their symbolic dimensions, attributes keep their
+  // metadata, the other nodes have what running the ops gave.
+  std::unordered_map<const ir::Node*, size_t> input_of;
+  for (ir::Node* p : g.placeholders()) input_of.emplace(p, input_of.size());
+  auto metas_at = [&](const ir::Node& n, size_t p, std::vector<TensorMeta>& out) -> std::string {
+    const std::vector<TensorMeta>& metas = n.output_meta();
+    if (n.kind() == ir::NodeKind::GetAttr) {
+      out = metas;
+    } else if (n.kind() == ir::NodeKind::Placeholder) {
+      TensorMeta m = metas.at(0);
+      for (const SymbolicDim& d : plan.dims)
+        if (d.input == input_of.at(&n)) m.sizes[d.dim] = (*pts)[p][d.symbol];
+      m.strides = m.sizes.empty() || metas[0].sizes == m.sizes ? metas[0].strides : contiguous_strides(m.sizes);
+      out = {m};
+    } else {
+      auto it = seen[p].find(n.name());
+      if (it == seen[p].end()) return "node '" + n.name() + "' did not run at other sizes";
+      out = it->second;
     }
-    if (n->kind() == ir::NodeKind::Placeholder) ++input;
-    bool any_symbolic = false;
-    for (size_t o = 0; o < metas.size(); ++o) {
-      TensorMeta& m = metas[o];
-      if (!m.defined) continue;
-      std::vector<SymExpr> sizes, strides;
-      for (size_t p = 1; p < pts->size(); ++p) {
-        const TensorMeta& q = at[p].size() == metas.size() ? at[p][o] : TensorMeta();
-        if (at[p].size() != metas.size() || q.defined != m.defined || q.dtype != m.dtype ||
-            q.sizes.size() != m.sizes.size())
-          return "node '" + n->name() + "' changes its number of results, dtype or rank with the sizes";
-      }
-      for (int part = 0; part < 2; ++part) {
-        const std::vector<int64_t>& base = part == 0 ? m.sizes : m.strides;
-        for (size_t d = 0; d < base.size(); ++d) {
-          std::vector<int64_t> y;
-          for (size_t p = 0; p < pts->size(); ++p) y.push_back(part == 0 ? at[p][o].sizes[d] : at[p][o].strides[d]);
-          std::optional<SymExpr> e;
-          if (part == 1) e = dense_stride(sizes, at, o, d);  // strides of dense layouts: products of sizes
-          if (!e) e = fit(*pts, y, singles, products, floors, known);
-          // The stride of a dimension of size 1 is any number (a slice of a longer tensor).
-          if (!e && part == 1 && sizes.at(d).constant() == 1) e = SymExpr(y[0]);
-          if (e && part == 0 && !e->is_constant() && !e->as_symbol() &&
-              std::find_if(known.begin(), known.end(), [&](const Feature& f) { return f.expr == *e; }) == known.end())
-            known.push_back(feature_of(*e));
-          if (!e)
-            return std::string(part == 0 ? "size " : "stride ") + std::to_string(d) + " of '" + n->name() +
-                   "' is no expression of the symbols we fit (" + c10::str(c10::IntArrayRef(y)) + " at " + [&] {
-                     std::string s;
-                     for (size_t p = 0; p < pts->size(); ++p) s += (p ? ", " : "") + plan.key_str(SizeKey((*pts)[p].begin(), (*pts)[p].end()));
-                     return s;
-                   }() + ")";
-          (part == 0 ? sizes : strides).push_back(*e);
-          any_symbolic = any_symbolic || !e->is_constant();
-        }
-      }
-      m.sym_sizes = std::move(sizes), m.sym_strides = std::move(strides);
-    }
-    if (!any_symbolic)
-      for (TensorMeta& m : metas) m.sym_sizes.clear(), m.sym_strides.clear();
-    fitted.emplace_back(n, std::move(metas));
-  }
+    return "";
+  };
+  std::string unfit = size_fit::fit_metadata(g, *pts, basis_of(plan, /*with_offsets=*/true), metas_at, [&] {
+    std::string s;
+    for (size_t p = 0; p < pts->size(); ++p) s += (p ? ", " : "") + plan.key_str(SizeKey((*pts)[p].begin(), (*pts)[p].end()));
+    return s;
+  });
+  if (!unfit.empty()) return unfit;
   if (!declared)
     for (const SizeSymbol& s : plan.symbols) g.add_symbol(ir::SizeSymbolDecl{s.name, s.traced, s.min, s.max});
-  for (auto& [n, metas] : fitted)
-    for (size_t o = 0; o < metas.size(); ++o) n->set_output_meta(o, std::move(metas[o]));
   try {
     ir::lint(g);
   } catch (const std::exception& e) {
@@ -415,118 +194,6 @@ std::string make_symbolic(GraphModule& gm, DynamicPlan& plan, const std::vector<
   }
   return "";
 }
-
-namespace {
-
-std::string describe_node(const ir::Node& n) { return "node '" + n.name() + "' (" + n.target() + ")"; }
-
-// Whether two constants are the same (neither a size expression).
-bool same_constant(const c10::IValue& a, const c10::IValue& b) {
-  if (a.tagKind() != b.tagKind()) return false;
-  try {
-    return a == b;
-  } catch (const std::exception&) {
-    return false;
-  }
-}
-
-// Walks two graphs node by node, calling `on_constant(node of a, argument index, constant of b)`
-// for each constant argument; returns the first structural difference, or "".
-std::string walk_pair(const ir::Graph& a, const ir::Graph& b,
-                      const std::function<std::string(ir::Node&, size_t, const c10::IValue&)>& on_constant) {
-  if (a.size() != b.size())
-    return "the forward recorded " + std::to_string(b.size()) + " nodes instead of " + std::to_string(a.size());
-  std::unordered_map<const ir::Node*, size_t> index_a, index_b;
-  auto ia = a.nodes().begin();
-  auto ib = b.nodes().begin();
-  auto same_value = [&](const ir::Value& x, const ir::Value& y) {
-    auto fx = index_a.find(x.node);
-    auto fy = index_b.find(y.node);
-    return fx != index_a.end() && fy != index_b.end() && fx->second == fy->second && x.index == y.index;
-  };
-  for (size_t k = 0; ia != a.nodes().end(); ++ia, ++ib, ++k) {
-    ir::Node& na = **ia;
-    const ir::Node& nb = **ib;
-    index_a[&na] = k, index_b[&nb] = k;
-    if (na.kind() != nb.kind() || na.target() != nb.target() || na.callable() != nb.callable() ||
-        na.args().size() != nb.args().size() || na.num_outputs() != nb.num_outputs() ||
-        na.return_counts() != nb.return_counts())
-      return describe_node(na) + " became " + describe_node(nb);
-    if (na.kind() == ir::NodeKind::CallModule) return "the graph calls the opaque module '" + na.target() + "'";
-    for (size_t o = 0; o < na.num_outputs(); ++o) {
-      const ir::TensorMeta &ma = na.output_meta()[o], &mb = nb.output_meta()[o];
-      // (Not the device: a shape-only trace's results are meta tensors; a device change is an
-      // argument.)
-      if (ma.defined != mb.defined || ma.dtype != mb.dtype || ma.sizes.size() != mb.sizes.size() ||
-          ma.requires_grad != mb.requires_grad)
-        return describe_node(na) + " changed the dtype, rank or requires_grad of a result";
-    }
-    for (size_t i = 0; i < na.args().size(); ++i) {
-      const ir::Argument &x = na.args()[i], &y = nb.args()[i];
-      if (x.kind() != y.kind()) return "argument " + std::to_string(i) + " of " + describe_node(na) + " changed";
-      if (x.is_value() && !same_value(x.value(), y.value()))
-        return "argument " + std::to_string(i) + " of " + describe_node(na) + " is another value";
-      if (x.is_list()) {
-        bool same = x.list().size() == y.list().size();
-        for (size_t j = 0; same && j < x.list().size(); ++j)
-          same = x.list()[j].has_value() == y.list()[j].has_value() &&
-                 (!x.list()[j] || same_value(*x.list()[j], *y.list()[j]));
-        if (!same) return "argument " + std::to_string(i) + " of " + describe_node(na) + " is another list of values";
-      }
-      if (x.is_constant()) {
-        std::string why = on_constant(na, i, y.constant());
-        if (!why.empty()) return why;
-      }
-    }
-  }
-  return "";
-}
-
-}  // namespace
-
-namespace {
-
-// The simplest expression through the points, for generalize: a constant, else `a*s + b` for one
-// symbol, else `a*s*t + b`, else `a*s + c*t + b`, else `a*(s//c) + b`; at the first of these
-// that fits, two different fits make it ambiguous (more sizes are needed to tell them apart).
-std::optional<SymExpr> fit_simplest(const std::vector<Point>& pts, const std::vector<int64_t>& y,
-                                    const std::vector<Feature>& singles, const std::vector<Feature>& products,
-                                    const std::vector<Feature>& floors, bool& ambiguous) {
-  bool constant = true;
-  for (int64_t v : y) constant = constant && v == y[0];
-  if (constant) return SymExpr(y[0]);
-  std::vector<std::function<std::optional<SymExpr>(size_t)>> levels;
-  auto first_fit = [&](const std::vector<std::optional<SymExpr>>& fits) -> std::optional<std::optional<SymExpr>> {
-    std::optional<SymExpr> found;
-    for (const auto& f : fits) {
-      if (!f) continue;
-      if (found && *found != *f) {
-        ambiguous = true;
-        return std::optional<SymExpr>();
-      }
-      found = f;
-    }
-    if (found) return found;
-    return std::nullopt;
-  };
-  std::vector<std::optional<SymExpr>> fits;
-  for (const Feature& f : singles) fits.push_back(fit_affine(f, pts, y));
-  if (auto r = first_fit(fits)) return *r;
-  fits.clear();
-  for (const Feature& f : products) fits.push_back(fit_affine(f, pts, y));
-  if (auto r = first_fit(fits)) return *r;
-  fits.clear();
-  if (pts.size() > 3)  // three points fit any a*s + c*t + b
-    for (size_t i = 0; i < singles.size(); ++i)
-      for (size_t j = i + 1; j < singles.size(); ++j) fits.push_back(fit_sum(singles[i], singles[j], pts, y));
-  if (auto r = first_fit(fits)) return *r;
-  fits.clear();
-  for (const Feature& f : floors) fits.push_back(fit_affine(f, pts, y));
-  if (auto r = first_fit(fits)) return *r;
-  return std::nullopt;
-}
-
-}  // namespace
 
 const char* const kGeneralizeNeedsMoreSizes = "more sizes are needed: ";
 
@@ -555,46 +222,15 @@ std::string generalize(GraphModule& gm, const std::vector<std::pair<const ir::Gr
     pts.push_back(std::move(q));
   }
   const size_t nsym = kept.size();
-  std::map<std::pair<ir::Node*, size_t>, std::vector<std::vector<int64_t>>> ints;  // (node, arg) -> per sample
-  for (const auto& [graph, k] : samples) {
-    std::string why = walk_pair(g, *graph, [&](ir::Node& n, size_t i, const c10::IValue& other) -> std::string {
-      const c10::IValue& mine = n.args()[i].constant();
-      const auto a = ir::int_values(mine), b = ir::int_values(other);
-      if (a && b && a->size() == b->size() && mine.isInt() == other.isInt()) {
-        ints[{&n, i}].push_back(*b);
-        return "";
-      }
-      if (same_constant(mine, other)) return "";
-      return "argument " + std::to_string(i) + " of " + describe_node(n) + " changed with the sizes";
-    });
-    if (!why.empty()) return why;
-  }
-  const Basis basis = basis_of(reduced, /*with_offsets=*/false);
-  const std::vector<Feature>&singles = basis.singles, &products = basis.products, &floors = basis.floors;
-  std::vector<std::pair<std::pair<ir::Node*, size_t>, std::vector<SymExpr>>> fitted;
-  for (auto& [where, per_sample] : ints) {
-    ir::Node* n = where.first;
-    const std::vector<int64_t> values = *ir::int_values(n->args()[where.second].constant());
-    std::vector<SymExpr> exprs;
-    bool any = false;
-    for (size_t j = 0; j < values.size(); ++j) {
-      std::vector<int64_t> y;
-      for (const auto& s : per_sample) y.push_back(s[j]);
-      y.push_back(values[j]);
-      bool ambiguous = false;
-      std::optional<SymExpr> e = fit_simplest(pts, y, singles, products, floors, ambiguous);
-      const std::string which = "integer " + std::to_string(j) + " of argument " + std::to_string(where.second) +
-                                " of " + describe_node(*n) + " (" + c10::str(c10::IntArrayRef(y)) + ")";
-      if (ambiguous) return std::string(kGeneralizeNeedsMoreSizes) + which + " fits two expressions of the sizes";
-      if (!e) return which + " is no expression of the sizes we fit";
-      any = any || !e->is_constant();
-      exprs.push_back(*e);
-    }
-    if (any) fitted.emplace_back(where, std::move(exprs));
-  }
-  for (auto& [where, exprs] : fitted)
-    where.first->set_arg(where.second,
-                         ir::Argument::size_expression(std::move(exprs), where.first->args()[where.second].constant()));
+  // The graph's own point first.
+  std::rotate(pts.rbegin(), pts.rbegin() + 1, pts.rend());
+  std::vector<const ir::Graph*> others;
+  for (const auto& sample : samples) others.push_back(sample.first);
+  bool ambiguous = false;
+  size_t fitted = 0;
+  std::string unfit =
+      size_fit::fit_arguments(g, others, pts, basis_of(reduced, /*with_offsets=*/false), ambiguous, &fitted);
+  if (!unfit.empty()) return (ambiguous ? std::string(kGeneralizeNeedsMoreSizes) : std::string()) + unfit;
   // The symbols, bound by the inputs' dimensions as traced now.
   for (size_t k = 0; k < nsym; ++k) reduced.symbols[k].traced = key[kept[k]];
   reduced.replay_reason.clear();
@@ -617,7 +253,7 @@ std::string generalize(GraphModule& gm, const std::vector<std::pair<const ir::Gr
   std::string why = make_symbolic(gm, reduced, inputs, owner);
   if (!why.empty()) return why;
   TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", owner, "): the traces at ", pts.size(),
-                   " sizes differ only in integers that are expressions of the sizes: ", fitted.size(),
+                   " sizes differ only in integers that are expressions of the sizes: ", fitted,
                    " arguments became size expressions");
   plan = std::move(reduced);
   return "";
@@ -644,19 +280,19 @@ std::string same_graph_at(const GraphModule& symbolic, const GraphModule& traced
     if (sizes != b.sizes || strides != b.strides)
       return "input '" + mine[i]->name() + "' is " + b.str() + "; the graph has " + a.str() + " there";
   }
-  return walk_pair(const_cast<ir::Graph&>(g), traced.graph(),
+  return size_fit::walk_pair(g, traced.graph(),
                    [&](ir::Node& n, size_t i, const c10::IValue& other) -> std::string {
                      const ir::Argument& a = n.args()[i];
                      if (a.is_size_expression()) {
                        const c10::IValue expected = a.constant_at(value);
                        const auto x = ir::int_values(expected), y = ir::int_values(other);
                        if (x && y && *x == *y) return "";
-                       return "argument " + std::to_string(i) + " of " + describe_node(n) + " is " +
+                       return "argument " + std::to_string(i) + " of " + size_fit::describe_node(n) + " is " +
                               ir::constant_repr(other) + "; the graph's size expression gives " +
                               ir::constant_repr(expected);
                      }
-                     if (same_constant(a.constant(), other)) return "";
-                     return "argument " + std::to_string(i) + " of " + describe_node(n) + " changed with the sizes";
+                     if (size_fit::same_constant(a.constant(), other)) return "";
+                     return "argument " + std::to_string(i) + " of " + size_fit::describe_node(n) + " changed with the sizes";
                    });
 }
 

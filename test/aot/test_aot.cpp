@@ -4,6 +4,7 @@
 #include "support/seed_models.h"
 
 #include <random>
+#include <regex>
 
 #include <c10/core/CPUAllocator.h>
 
@@ -248,6 +249,110 @@ TEST(Aot, SimpleNNForwardAndBackwardGraphsMatchSeed003) {
   EXPECT_TRUE(tensors_close(reference->forward(x), out));
 }
 
+namespace {
+
+// Trains `model` compiled with `backend` and dynamic = true at each batch size of `sizes` (a
+// forward, a sum-of-squares loss, a backward) beside an eager clone: outputs and every gradient
+// as eager's.
+template <typename M>
+void train_at_sizes(std::shared_ptr<M> model, torchcompile::Backend backend, const std::vector<int64_t>& sizes,
+                    int64_t features) {
+  auto reference = std::dynamic_pointer_cast<M>(model->clone());
+  ASSERT_TRUE(reference);
+  auto compiled = torch::compile(model, torchcompile::CompileOptions(std::move(backend)).with_dynamic(true));
+  for (int64_t n : sizes) {
+    auto x = torch::randn({n, features});
+    model->zero_grad();
+    reference->zero_grad();
+    auto out = compiled(x);
+    auto expected = reference->forward(x);
+    ASSERT_TRUE(tensors_close(expected, out, 1e-4, 1e-5)) << "batch " << n;
+    out.pow(2).sum().backward();
+    expected.pow(2).sum().backward();
+    ASSERT_TRUE(same_grads(*reference, *model, 1e-4, 1e-5)) << "batch " << n;
+  }
+  EXPECT_EQ(compiled.state().num_entries(), 1u);
+}
+
+// x + b over a batch: the gradient of b sums the gradient expanded to [s0, 4], and nothing the
+// backward receives besides has the batch size (add saves nothing; the tangent is the output's).
+struct BiasSumImpl : torch::nn::Cloneable<BiasSumImpl> {
+  torch::Tensor b;
+  BiasSumImpl() { reset(); }
+  void reset() override { b = register_parameter("b", torch::randn({4})); }
+  torch::Tensor forward(torch::Tensor x) { return (x + b).sum(); }
+};
+TORCH_MODULE(BiasSum);
+
+// The variance of a batch: its backward multiplies by 2 / (n - 1), a floating-point number of
+// the batch size, which no size expression can be.
+struct BatchVarianceImpl : torch::nn::Cloneable<BatchVarianceImpl> {
+  torch::Tensor w;
+  BatchVarianceImpl() { reset(); }
+  void reset() override { w = register_parameter("w", torch::randn({4})); }
+  torch::Tensor forward(torch::Tensor x) { return (x * w).var(0); }
+};
+TORCH_MODULE(BatchVariance);
+
+}  // namespace
+
+// A graph with size symbols (dynamic = true) gets one joint graph for every size: its forward and
+// backward graphs carry the symbol as seed 003's do (`placeholder s0`, bound by the input's batch
+// dimension in the forward and by a saved value or tangent in the backward) and are compiled
+// once; the loss and gradients at every size are eager's.
+TEST(Aot, GraphWithSizeSymbolsGetsOneForwardAndBackwardForEverySize) {
+  torch::manual_seed(0);
+  SimpleNN model(2);
+  Recorder rec;
+  train_at_sizes(model.ptr(), rec.backend(), {10, 3, 17, 64, 5, 33, 10}, 2);
+  ASSERT_EQ(rec.forwards(), 1u);
+  ASSERT_EQ(rec.backwards(), 1u);
+  const std::string &fw = rec.state->forward[0], &bw = rec.state->backward[0];
+  EXPECT_THAT(fw, ::testing::HasSubstr("%s0 : Sym(10, [2, inf]) = placeholder[target=s0]")) << fw;
+  EXPECT_THAT(fw, ::testing::HasSubstr("%primals_7 : f32[s0, 2]")) << fw;
+  EXPECT_THAT(bw, ::testing::HasSubstr("%s0 : Sym(10, [2, inf]) = placeholder[target=s0]")) << bw;
+  EXPECT_THAT(bw, ::testing::HasSubstr("[s0, 64]")) << bw;
+}
+
+// The debug backend as AOT's compiler prints both graphs as seed 003 shows them, with the symbol
+// as a placeholder of each.
+TEST(Aot, DebugBackendPrintsTheSymbolInForwardAndBackwardGraphs) {
+  torch::manual_seed(0);
+  SimpleNN model(2);
+  ::testing::internal::CaptureStdout();
+  train_at_sizes(model.ptr(), torchcompile::aot_autograd(torchcompile::lookup_backend("debug")), {10, 7}, 2);
+  const std::string printed = ::testing::internal::GetCapturedStdout();
+  const std::regex placeholder_s0("placeholder +s0 +s0 +\\(\\) +\\{\\}");
+  EXPECT_EQ(std::distance(std::sregex_iterator(printed.begin(), printed.end(), placeholder_s0), std::sregex_iterator()), 2)
+      << printed;
+  EXPECT_THAT(printed, ::testing::ContainsRegex("placeholder +primals_7 +primals_7"));
+  EXPECT_THAT(printed, ::testing::ContainsRegex("placeholder +tangents_1 +tangents_1"));
+}
+
+// When the backward needs a size that nothing it receives has, the forward saves the input that
+// binds the symbol (as seed 003's forward returns `primals_7`, the symbol): still one backward.
+TEST(Aot, BackwardGetsTheSymbolFromTheInputThatBindsIt) {
+  torch::manual_seed(0);
+  BiasSum model;
+  Recorder rec;
+  train_at_sizes(model.ptr(), rec.backend(), {6, 11, 3, 24}, 4);
+  ASSERT_EQ(rec.backwards(), 1u);
+  EXPECT_THAT(rec.state->backward[0], ::testing::HasSubstr("%s0 : Sym(")) << rec.state->backward[0];
+}
+
+// A joint graph whose recordings at other sizes differ in anything but integers (here a
+// floating-point factor of the batch size) is not generalized: one joint graph per size, each
+// right.
+TEST(Aot, JointGraphThatDoesNotGeneralizeIsBuiltPerSize) {
+  torch::manual_seed(0);
+  BatchVariance model;
+  Recorder rec;
+  train_at_sizes(model.ptr(), rec.backend(), {6, 11, 3, 11, 24}, 4);
+  EXPECT_EQ(rec.forwards(), 4u);
+  EXPECT_EQ(rec.backwards(), 4u);
+  for (const std::string& bw : rec.state->backward) EXPECT_EQ(bw.find("Sym("), std::string::npos) << bw;
+}
+
 TEST(Aot, JointGraphLayoutAndReport) {
   torch::manual_seed(0);
   SimpleNN model(2);
@@ -386,6 +491,63 @@ TEST(Aot, InputsWithTheirStridesAreTracedWithThem) {
       EXPECT_TRUE(tensors_close(expected_grad, w.grad())) << "expanded " << expanded << ", call " << i;
     }
     if (!expanded) EXPECT_EQ(rec.backwards(), 1u);
+  }
+}
+
+// An output that is a view of an input is rebuilt with the strides the input had when traced.
+// Across a graph break, the input is what the previous compiled graph returned, which a backend
+// may lay out otherwise than eager did (here a compiler that returns contiguous results, where
+// eager's `x.t() + 1` is transposed): such calls run the graph with the interpreter, so the view
+// reads the right elements.
+TEST(Aot, AViewOfAnInputLaidOutOtherwiseThanWhenTracedReadsTheRightElements) {
+  torchcompile::Backend contiguous_results = [](GraphModule& gm, const std::vector<at::Tensor>&) -> torchcompile::CompiledFn {
+    auto interp = std::make_shared<torchcompile::ir::Interpreter>(gm);
+    return [interp](std::vector<at::Tensor> in) {
+      std::vector<at::Tensor> out = interp->run(std::move(in));
+      for (at::Tensor& t : out)
+        if (t.defined()) t = t.contiguous();
+      return out;
+    };
+  };
+  auto fn = [](torch::Tensor x) {
+    torch::Tensor y = x.t() + 1;                 // transposed strides in eager
+    if ((x.sum() > 1e30).item<bool>()) y = y * 2;  // a graph break (false each call): y crosses it
+    return y.select(0, 1);                       // a view of the second graph's input
+  };
+  torch::NoGradGuard no_grad;
+  auto compiled = torch::compile(fn, torchcompile::aot_autograd(contiguous_results));
+  for (int i = 0; i < 4; ++i) {
+    auto x = torch::randn({3, 5});
+    EXPECT_TRUE(tensors_equal(fn(x), compiled(x))) << "call " << i;
+  }
+}
+
+// An activation that requires grad crosses a graph break and the next graph updates it in place:
+// eager records the update in the activation's history. The pair's write-back would not (its
+// gradient would miss the factor), so the graph is declined and runs under ordinary autograd. The
+// backend must see that the input requires grad although the trace kept a copy of its value from
+// before the update (found by DynamicFuzz.RandomProgramsTrainAtRandomSizesAsEager, seed 9336).
+TEST(Aot, AnActivationUpdatedInPlaceAfterAGraphBreakKeepsItsHistory) {
+  auto w = torch::randn({4, 4}, torch::requires_grad());
+  auto fn = [&](torch::Tensor x) {
+    torch::Tensor h = torch::matmul(x, w);
+    if ((x.sum() > 1e30).item<bool>()) h = h * 2;  // a graph break (false each call): h crosses it
+    h.mul_(0.5);
+    return h;  // the loss is computed from it outside
+  };
+  Recorder rec;
+  auto compiled = torch::compile(fn, rec.backend());
+  for (int i = 0; i < 3; ++i) {
+    auto x = torch::randn({3, 4});
+    w.mutable_grad() = torch::Tensor();
+    auto expected = fn(x);
+    expected.pow(2).sum().backward();
+    auto expected_grad = w.grad().clone();
+    w.mutable_grad() = torch::Tensor();
+    auto got = compiled(x);
+    got.pow(2).sum().backward();
+    EXPECT_TRUE(tensors_close(expected, got)) << "call " << i;
+    EXPECT_TRUE(tensors_close(expected_grad, w.grad())) << "call " << i;
   }
 }
 

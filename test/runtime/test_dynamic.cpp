@@ -360,8 +360,8 @@ TEST(Dynamic, MarkDynamicRangeAndMarkStatic) {
 
 // While autograd records (training), the trace still counts size reads: results autograd
 // recorded are observed through copies sharing their gradient edge. An MLP's training forward
-// reads no size, so its entry has one graph with symbols; `aot_eager` builds its joint graph per
-// concrete size inside its one compiled function. An input that requires grad cannot be observed:
+// reads no size, so its entry has one graph with symbols; `aot_eager` gives it one joint graph
+// with the symbol. An input that requires grad cannot be observed:
 // that entry runs the forward again at each new size, and says so.
 TEST(Dynamic, WhileAutogradRecordsSizeReadsAreStillCounted) {
   for (bool input_requires_grad : {false, true}) {
@@ -403,7 +403,9 @@ TEST(Dynamic, WhileAutogradRecordsSizeReadsAreStillCounted) {
       EXPECT_TRUE(entry->symbolic_graph());
       EXPECT_EQ(entry->num_specializations(), 1u);
       EXPECT_THAT(err, ::testing::HasSubstr("Mlp): the backend receives the graph with size symbols"));
-      EXPECT_THAT(err, ::testing::HasSubstr("compile_per_shape: new sizes [9]: compiled"));
+      // aot_eager: one joint graph for every size, so new sizes compile nothing.
+      EXPECT_THAT(err, ::testing::HasSubstr("aot_autograd: one joint graph for every size"));
+      EXPECT_THAT(err, ::testing::Not(::testing::HasSubstr("compile_per_shape: new sizes")));
     }
   }
 }
@@ -1039,6 +1041,23 @@ void register_metadata_check_backend() {
   });
 }
 
+// A fuzz program's module to compile and its eager twin with the same weights.
+std::pair<std::shared_ptr<DynModule>, std::shared_ptr<DynModule>> fuzz_modules(const DynProgram& prog, uint32_t seed) {
+  torch::manual_seed(seed);
+  auto compiled = std::make_shared<DynModule>(prog), eager = std::make_shared<DynModule>(prog);
+  torch::NoGradGuard no_grad;
+  eager->w.copy_(compiled->w);
+  eager->bias.copy_(compiled->bias);
+  return {compiled, eager};
+}
+
+torchcompile::CompileOptions fuzz_options(const std::string& backend, std::optional<bool> dyn) {
+  torchcompile::CompileOptions options(backend);
+  options.dynamic = dyn;
+  options.cache_size_limit = 64;
+  return options;
+}
+
 TEST(DynamicFuzz, RandomProgramsAtRandomSizesMatchEager) {
   torch::NoGradGuard no_grad;
   const int programs = env_int("TORCHCOMPILE_DYNAMIC_FUZZ_PROGRAMS", 40);
@@ -1059,15 +1078,8 @@ TEST(DynamicFuzz, RandomProgramsAtRandomSizesMatchEager) {
     const DynProgram prog = random_dyn_program(seed);
     const std::string backend = only ? only : backends[k % backends.size()];
     for (std::optional<bool> dyn : {std::optional<bool>(), std::optional<bool>(true)}) {
-      torch::manual_seed(seed);
-      auto compiled_module = std::make_shared<DynModule>(prog);
-      auto eager_module = std::make_shared<DynModule>(prog);
-      eager_module->w.copy_(compiled_module->w);
-      eager_module->bias.copy_(compiled_module->bias);
-      torchcompile::CompileOptions options(backend);
-      options.dynamic = dyn;
-      options.cache_size_limit = 64;
-      auto fast = torch::compile(compiled_module, options);
+      auto [compiled_module, eager_module] = fuzz_modules(prog, seed);
+      auto fast = torch::compile(compiled_module, fuzz_options(backend, dyn));
       metadata_check().program = "seed " + std::to_string(seed) + ", dynamic " + (dyn ? "true" : "automatic") +
                                  ", program " + prog.text;
       std::mt19937 rng(seed * 7 + 1);
@@ -1106,6 +1118,71 @@ TEST(DynamicFuzz, RandomProgramsAtRandomSizesMatchEager) {
   MetadataCheck& check = metadata_check();
   if (!only || std::string(only) == "per_shape_metadata_check") EXPECT_GT(check.graphs.load(), 0);
   for (const std::string& d : check.differences) ADD_FAILURE() << d;
+}
+
+// The same random programs trained: `w` requires grad, the outputs' mean squares are the loss,
+// and after each backward `w`'s gradient must be eager's, at random sizes, under the backends
+// that train through AOT. A graph with size symbols gets one joint graph for every size where its
+// recordings at four sizes generalize (aot/symbolic_joint.cpp): an integer or size fitted wrongly
+// would give another loss or gradient at the sizes this draws.
+TEST(DynamicFuzz, RandomProgramsTrainAtRandomSizesAsEager) {
+  const int programs = env_int("TORCHCOMPILE_DYNAMIC_FUZZ_PROGRAMS", 40);
+  const uint32_t first = static_cast<uint32_t>(env_int("TORCHCOMPILE_DYNAMIC_FUZZ_SEED", 1));
+  const std::vector<std::string> backends = {"aot_eager", "default"};
+  const char* only = std::getenv("TORCHCOMPILE_DYNAMIC_FUZZ_BACKEND");
+  int trained = 0;
+  for (int k = 0; k < programs; ++k) {
+    const uint32_t seed = first + k;
+    const DynProgram prog = random_dyn_program(seed);
+    const std::string backend = only ? only : backends[k % backends.size()];
+    for (std::optional<bool> dyn : {std::optional<bool>(), std::optional<bool>(true)}) {
+      auto [compiled_module, eager_module] = fuzz_modules(prog, seed);
+      auto fast = torch::compile(compiled_module, fuzz_options(backend, dyn));
+      std::mt19937 rng(seed * 7 + 1);
+      for (int call = 0; call < 8; ++call) {
+        const int64_t b = call == 5 ? 1 : random_size(rng, 2, 12);
+        const std::string where = "seed " + std::to_string(seed) + ", backend " + backend + ", dynamic " +
+                                  (dyn ? "true" : "automatic") + ", call " + std::to_string(call) + ", batch " +
+                                  std::to_string(b) + ", program " + prog.text;
+        torch::Tensor x = torch::randn({b, kF});
+        torch::Tensor x_eager = x.clone();
+        compiled_module->w.mutable_grad() = torch::Tensor();
+        eager_module->w.mutable_grad() = torch::Tensor();
+        auto expected = eager_module->forward(x_eager);
+        auto got = fast(x);
+        ASSERT_EQ(got.size(), expected.size()) << where;
+        torch::Tensor loss_expected, loss_got;
+        for (size_t i = 0; i < got.size(); ++i) {
+          ASSERT_EQ(got[i].sizes(), expected[i].sizes()) << where;
+          ASSERT_TRUE(tensors_close(expected[i], got[i], 1e-4, 1e-5)) << "output " << i << ", " << where;
+          if (!expected[i].requires_grad()) continue;
+          ASSERT_TRUE(got[i].requires_grad()) << "output " << i << " has no gradient, " << where;
+          auto add = [](torch::Tensor& sum, const torch::Tensor& o) {
+            torch::Tensor term = o.pow(2).mean();
+            sum = sum.defined() ? sum + term : term;
+          };
+          add(loss_expected, expected[i]);
+          add(loss_got, got[i]);
+        }
+        if (!loss_expected.defined()) continue;
+        try {
+          loss_expected.backward();
+        } catch (const c10::Error&) {
+          continue;  // not a program eager can train (an in-place update of a value its backward saved)
+        }
+        try {
+          loss_got.backward();
+        } catch (const c10::Error& e) {
+          FAIL() << "the compiled backward threw where eager's did not: " << e.what_without_backtrace() << ", " << where;
+        }
+        ++trained;
+        const torch::Tensor &want = eager_module->w.grad(), &have = compiled_module->w.grad();
+        ASSERT_EQ(want.defined(), have.defined()) << "w's gradient, " << where;
+        if (want.defined()) ASSERT_TRUE(tensors_close(want, have, 1e-3, 1e-4)) << "w's gradient, " << where;
+      }
+    }
+  }
+  EXPECT_GT(trained, 0);
 }
 
 // compile_per_shape at a new size: the static backend's function computes that call (it is not

@@ -631,6 +631,19 @@ TEST(FusedBackend, OneProgramServesEverySizeOfAGraphWithSymbols) {
   EXPECT_THROW(compiled(torch::randn({3, 5, 8}), torch::randn({4, 1, 1})), c10::Error);
 }
 
+// A scalar argument computed from a size (`x * x.size(0)` here; the `div(%expand, %s0)` of a
+// mean's gradient in AOT's backward graphs) is a size expression: one program for every size
+// would bake in the example's value, so such a graph gets programs per size.
+TEST(FusedBackend, ScalarArgumentsThatAreSizeExpressionsAreNotBakedIn) {
+  torch::NoGradGuard no_grad;
+  auto fn = [](torch::Tensor x) { return (x * x.size(0)).sigmoid() + 1; };
+  auto compiled = torch::compile(fn, torchcompile::CompileOptions("fused").with_dynamic(true));
+  for (int64_t b : {3, 5, 7, 9, 4, 11, 5}) {
+    auto x = torch::randn({b, 8}) * 0.1;
+    EXPECT_TRUE(tensors_close(fn(x), compiled(x), kRtol, kAtol)) << "batch " << b;
+  }
+}
+
 TEST(FusedBackend, AotBackwardGraphsMatchEager) {
   torch::manual_seed(0);
   auto net = torch::nn::Sequential(torch::nn::Linear(16, 32), torch::nn::GELU(), torch::nn::Linear(32, 32),

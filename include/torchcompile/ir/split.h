@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,14 @@ Node* copy_node(Graph& dst, const Node& n, const std::function<Value(const Value
 /// A copy of `gm`: the same nodes (names, metadata, module paths, user-function targets), the
 /// same attributes (sharing their tensors) and submodules.
 std::unique_ptr<GraphModule> copy_module(const GraphModule& gm);
+
+/// The size symbols `g`'s metadata and size expressions use.
+std::set<std::string> used_symbols(const Graph& g);
+
+/// Declares in `part` (made of nodes of `gm`) the symbols of `gm` it uses, if a dimension of its
+/// placeholders binds each (Graph::symbol_bindings); otherwise makes it static at the example
+/// sizes. Returns whether it keeps its symbols (true for a part of a graph without symbols).
+bool carry_symbols(const GraphModule& gm, Graph& part);
 
 /// Groups of consecutive call_function nodes (in graph order) for which `supported` holds:
 /// a run of supported nodes ends at the first call_function or call_module node that is not
