@@ -59,6 +59,7 @@ struct Runtime : torch::CustomClassHolder {
   std::vector<size_t> mutated_primals;
   std::vector<bool> is_mutated;  // per primal
   std::vector<size_t> grad_primals;
+  std::vector<bool> gets_grad;  // per primal: in grad_primals
   std::vector<ir::TensorMeta> fw_output_meta;
   size_t num_saved = 0;
   bool training = false;
@@ -272,7 +273,21 @@ std::vector<at::Tensor> Runtime::call(const c10::intrusive_ptr<Runtime>& self, s
   }
   std::vector<at::Tensor> outs;
   if (self->training) {
-    outs = CompiledGraph::apply(at::TensorList(ps), c10::IValue::make_capsule(self));
+    // A primal that requires grad but gets no gradient from the graph goes in detached: as an
+    // input of the Function it would give the Function's node an edge to its history, and the
+    // backward would run nodes eager's never reaches (a node without a derivative, such as
+    // `_unique`'s, then throws).
+    bool detach = false;
+    for (size_t k = 0; k < ps.size() && !detach; ++k)
+      detach = !self->gets_grad[k] && ps[k].defined() && ps[k].requires_grad();
+    if (detach) {
+      std::vector<at::Tensor> args = ps;
+      for (size_t k = 0; k < args.size(); ++k)
+        if (!self->gets_grad[k] && args[k].defined() && args[k].requires_grad()) args[k] = args[k].detach();
+      outs = CompiledGraph::apply(at::TensorList(args), c10::IValue::make_capsule(self));
+    } else {
+      outs = CompiledGraph::apply(at::TensorList(ps), c10::IValue::make_capsule(self));
+    }
   } else {
     outs = self->forward(ps);
     self->write_back(ps, outs);
@@ -335,6 +350,8 @@ CompiledFn compile_pair(GraphModule& gm, const std::vector<at::Tensor>& example_
   for (const OutputSource& o : rt->outputs)
     if (o.alias_primal >= 0 && !rt->layout_fallback) rt->layout_fallback = std::make_shared<ir::Interpreter>(gm);
   rt->grad_primals = std::move(joint.grad_primals);
+  rt->gets_grad.assign(rt->primals.size(), false);
+  for (size_t k : rt->grad_primals) rt->gets_grad[k] = true;
   rt->training = joint.training;
   rt->num_saved = part.num_saved;
   rt->symbolic = !joint.gm->graph().symbols().empty();

@@ -551,6 +551,32 @@ TEST(Aot, AnActivationUpdatedInPlaceAfterAGraphBreakKeepsItsHistory) {
   }
 }
 
+// An input that requires grad but gets no gradient from the graph (here one the forward does not
+// use, made by `_unique`, which has no derivative) must not be an edge of the compiled node:
+// eager's backward never reaches `_unique`'s node, and neither may the compiled one's, which would
+// run it and throw (found by DynamicFuzz.RandomProgramsTrainAtRandomSizesAsEager, seed 20310).
+TEST(Aot, AnInputWithoutAGradientIsNotPartOfTheBackward) {
+  auto w = torch::randn({4}, torch::requires_grad());
+  auto fn = [&](torch::Tensor x, torch::Tensor u) {
+    (void)u;  // an input of the graph all the same
+    return x * w;
+  };
+  Recorder rec;
+  auto compiled = torch::compile(fn, rec.backend());
+  for (int i = 0; i < 3; ++i) {
+    auto x = torch::randn({3, 4});
+    auto u = std::get<0>(torch::_unique((w * 2).round()));  // requires grad; no derivative
+    w.mutable_grad() = torch::Tensor();
+    fn(x, u).sum().backward();
+    auto expected_grad = w.grad().clone();
+    w.mutable_grad() = torch::Tensor();
+    auto got = compiled(x, u);
+    EXPECT_NO_THROW(got.sum().backward()) << "call " << i;
+    EXPECT_TRUE(tensors_close(expected_grad, w.grad())) << "call " << i;
+  }
+  EXPECT_EQ(rec.backwards(), 1u);
+}
+
 TEST(Aot, InPlaceOnANonContiguousViewWhileTrainingRunsUnderOrdinaryAutograd) {
   auto w = torch::randn({4, 6}, torch::requires_grad());
   auto fn = [&](torch::Tensor x) {
