@@ -7,8 +7,9 @@
 //
 // The backend counts the graphs it compiles, prints one line per graph, and runs each graph
 // with the interpreter: the skeleton of a real backend, which would transform `gm` here. It
-// declines graphs without operators (`return torchcompile::decline("...")`): the reason shows in
-// explain() and in TORCHCOMPILE_LOGS=passes, and the graph runs with the interpreter.
+// declines graphs with an input that is not float32 (`return torchcompile::decline("...")`): the
+// reason shows in explain() and in TORCHCOMPILE_LOGS=passes, and the graph runs with the
+// interpreter.
 #include <torchcompile/backends/registry.h>
 
 #include <atomic>
@@ -26,9 +27,10 @@ namespace {
 std::atomic<int> graphs_compiled{0};
 
 torchcompile::CompiledFn example_backend(torchcompile::GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
-  size_t ops = 0;
-  for (const auto& node : gm.graph().nodes()) ops += node->kind() == torchcompile::ir::NodeKind::CallFunction;
-  if (ops == 0) return torchcompile::decline("the graph has no operators");
+  for (const torchcompile::ir::Node* p : gm.graph().placeholders()) {
+    const torchcompile::ir::TensorMeta& m = p->output_meta().at(0);
+    if (m.defined && m.dtype != c10::ScalarType::Float) return torchcompile::decline("it takes float32 inputs only");
+  }
   const int n = ++graphs_compiled;
   std::cerr << "[" TORCHCOMPILE_EXAMPLE_BACKEND_NAME " backend] compiling graph #" << n << " with "
             << gm.graph().size() << " nodes and " << example_inputs.size() << " inputs\n";

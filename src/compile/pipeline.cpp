@@ -80,6 +80,18 @@ CompiledGraph compile_graph(GraphModule& gm, const std::vector<at::Tensor>& exam
     remove_unused_attributes(gm);
     ir::lint(gm.graph());
   }
+  // A graph without operators (a segment between two graph breaks that only reads, a forward
+  // returning its input) has nothing to compile: as torch.compile, the backend is not called.
+  bool any_operator = false;
+  for (const auto& n : gm.graph().nodes())
+    any_operator = any_operator || n->kind() == ir::NodeKind::CallFunction || n->kind() == ir::NodeKind::CallModule;
+  if (!any_operator) {
+    out.fn = ir::interpreter_fn(gm);
+    out.report.backend = "interpreter";
+    TORCHCOMPILE_LOG(LogKind::Passes, "torch::compile(", owner, "): the graph has no operator: backend '", backend_name,
+                     "' is not called");
+    return out;
+  }
   // TORCHCOMPILE_REPRO_AFTER=backend: keep the graph as the backend receives it, for a repro.
   const std::optional<repro::detail::Config> repro_cfg = repro::detail::config_from_env();
   std::shared_ptr<const GraphModule> as_received;

@@ -207,12 +207,12 @@ std::string decline_reasons(const CompileReport& report) {
   return out;
 }
 
-// A dynamic entry's root segment compiled from `generic` (its graph with size symbols if
-// `static_reason` is empty, else the static graph): its function becomes a ShapeSpecializations
-// serving every size. A backend that declined the symbols compiles the static graph instead.
+// A dynamic entry's segment compiled from `generic` (its graph with size symbols if
+// `static_reason` is empty, else the static graph; `traced.records[record]` as traced): its
+// function becomes a ShapeSpecializations serving every size. A backend that declined the symbols compiles the static graph instead.
 // Returns "" or why the backend failed.
 std::string serve_all_sizes(Segment& root, DynamicPlan plan, std::shared_ptr<GraphModule> generic,
-                            std::string static_reason, const TracedRun& traced, const Backend& backend,
+                            std::string static_reason, const TracedRun& traced, size_t record, const Backend& backend,
                             const std::string& backend_name, const std::string& owner) {
   bool symbolic = static_reason.empty();
   if (symbolic && declined_symbols(root.report)) {
@@ -222,7 +222,7 @@ std::string serve_all_sizes(Segment& root, DynamicPlan plan, std::shared_ptr<Gra
     TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", owner, "): ", static_reason,
                      "; it compiles the static graph, once per size");
     root.gm->graph().clear_symbols();
-    const std::vector<at::Tensor> example_inputs = capture::example_inputs(traced.records.front(), traced.slots);
+    const std::vector<at::Tensor> example_inputs = capture::example_inputs(traced.records.at(record), traced.slots);
     try {
       compile_stage::CompiledGraph compiled =
           compile_stage::compile_graph(*root.gm, example_inputs, backend, backend_name, owner);
@@ -304,7 +304,7 @@ std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, 
                                              : "the graph stays static, compiled per size: " + static_reason);
   }
   if (!plan.empty()) guards->make_symbolic(plan);
-  std::shared_ptr<GraphModule> sample;  // see below
+  std::vector<capture::SegmentRecord> sample;  // see below
   auto insert = [&](std::unique_ptr<Segment> root, std::string eager_reason) {
     std::shared_ptr<GuardSet> shared_guards = std::move(guards);
     std::shared_ptr<CompiledEntry> entry;
@@ -314,7 +314,7 @@ std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, 
       replays->plan = std::move(plan);
       replays->first = std::make_shared<CompiledEntry>(shared_guards, std::move(root), names, "");
       replays->trees.insert(replays->plan.traced_key(), replays->first);
-      if (sample) replays->samples.emplace_back(std::move(sample), replays->plan.traced_key());
+      if (!sample.empty()) replays->samples.push_back(TraceSample{std::move(sample), replays->plan.traced_key()});
       entry = std::make_shared<CompiledEntry>(shared_guards, nullptr, names, "");
       entry->replays_ = std::move(replays);
     } else {
@@ -336,7 +336,10 @@ std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, 
   }
   // A dynamic entry that runs the forward again at new sizes keeps the graph as traced: with the
   // next sizes' it may become one graph for every size (run_replayed).
-  if (plan.replays_forward() && traced.records.size() == 1) sample = ir::copy_module(*traced.records.front().gm);
+  if (plan.replays_forward()) {
+    sample = copy_records(traced.records);
+    with_forward_inputs(sample, traced.slots, names.size());
+  }
   std::string failure;
   auto root = compile_chain(traced, 0, spec, backend_, options_.backend, name_, failure);
   if (!root) {
@@ -346,7 +349,7 @@ std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, 
   }
   if (generic) {
     std::string failure =
-        serve_all_sizes(*root, std::move(plan), std::move(generic), static_reason, traced, backend_, options_.backend, name_);
+        serve_all_sizes(*root, std::move(plan), std::move(generic), static_reason, traced, 0, backend_, options_.backend, name_);
     if (!failure.empty()) {
       warn_once("backend", failure + "; running eagerly");
       insert(nullptr, failure);
@@ -376,18 +379,18 @@ std::vector<at::Tensor> CompiledFunction::trace_new_sizes(const CompiledEntry& e
                                                           const ForwardFn& forward, OutputSpec& spec) {
   ForwardReplays& replays = *entry.replays_;
   const SizeKey key = replays.plan.key_of(args.tensors);
-  // With a graph for every size, and autograd not recording: a trace of shapes only (host code
-  // runs, ops on meta tensors) tells whether these sizes record that graph; then it computes
-  // the call, and nothing is compiled.
-  if (replays.general && autograd_reason(args, entry.input_names_, root_.get()).empty()) {
+  // With a graph for every size (no graph break: a break's host read needs data), and autograd
+  // not recording: a trace of shapes only (host code runs, ops on meta tensors) tells whether
+  // these sizes record that graph; then it computes the call, and nothing is compiled.
+  if (replays.general && replays.general_trace.size() == 1 &&
+      autograd_reason(args, entry.input_names_, root_.get()).empty()) {
     std::string why;
     try {
       support::RngStateGuard keep_rng;  // ops without meta kernels run on zeros
       TracedRun shapes =
           trace_forward(*this, entry.guards(), args, forward, spec, entry.input_names_, nullptr, /*shapes_only=*/true);
       if (!shapes.failure.empty()) why = shapes.failure;
-      else if (shapes.records.size() != 1) why = "the forward has graph breaks at these sizes";
-      else why = same_graph_at(*replays.general_graph, *shapes.records.front().gm, shapes.slots);
+      else why = same_trace_at(replays.general_trace, shapes.records, shapes.slots);
     } catch (const std::exception& e) {
       // A host read of data (ShapesOnlyStopped), or anything else meta tensors made fail: the
       // real trace below decides (and throws again if the forward itself does).
@@ -409,16 +412,28 @@ std::vector<at::Tensor> CompiledFunction::trace_new_sizes(const CompiledEntry& e
   // sizes, as in a static entry's trace. Modules whose hooks it crosses join the entry's guards.
   TracedRun traced = trace_forward(*this, entry.guards(), args, forward, spec, entry.input_names_);
   std::string failure = traced.failure;
-  const bool one_segment = failure.empty() && traced.records.size() == 1;
-  DynamicPlan general_plan;  // the plan of the graph with size expressions
+  const bool recorded = failure.empty() && !traced.records.empty();
+  // The trace as its samples and the graphs with size expressions have it: later segments take
+  // the forward's inputs too (with_forward_inputs). Compiled trees keep the trace as recorded.
+  auto comparable = [&] {
+    std::vector<capture::SegmentRecord> records = copy_records(traced.records, /*with_values=*/true);
+    with_forward_inputs(records, traced.slots, entry.input_names_.size());
+    return records;
+  };
+  auto sample_of = [&] {
+    std::vector<capture::SegmentRecord> records = comparable();
+    for (capture::SegmentRecord& r : records) r.values_before_writes.clear();
+    return records;
+  };
   auto add_tree = [&](std::shared_ptr<const CompiledEntry> tree, const std::string& how) {
     const size_t count = replays.trees.insert(key, std::move(tree));
     TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", name_, "): new sizes ", replays.plan.key_str(key),
                      ": traced the forward again", how, " (", count, " sizes traced)");
   };
-  // The graph with size expressions is this trace's graph at these sizes: nothing to compile.
-  if (replays.general && one_segment) {
-    std::string why = same_graph_at(*replays.general_graph, *traced.records.front().gm, traced.slots);
+  // The graphs with size expressions are this trace's graphs at these sizes: nothing to compile.
+  if (replays.general && recorded) {
+    std::string why = traced.records.size() == 1 ? same_trace_at(replays.general_trace, traced.records, traced.slots)
+                                                 : same_trace_at(replays.general_trace, comparable(), traced.slots);
     if (why.empty()) {
       ++replays.general_hits;
       add_tree(replays.general, ", the same graph as the one with size expressions: no compile");
@@ -428,29 +443,44 @@ std::vector<at::Tensor> CompiledFunction::trace_new_sizes(const CompiledEntry& e
                      " the forward records another graph than the one with size expressions (", why,
                      "); these sizes get their own");
   }
-  // At the first sizes: keep the graph, and once the traces tell which integers are which
-  // expressions of the sizes, make one graph for every size. Until then a new size's trace is
-  // not compiled (it is this call's result; a later call at those sizes compiles it).
-  std::unique_ptr<GraphModule> general;
-  if (!replays.general && replays.general_reason.empty() && one_segment) {
+  // At the first sizes: keep the trace, and once the traces tell which integers are which
+  // expressions of the sizes, make one graph with size expressions per segment for every size.
+  // Until then a new size's trace is not compiled (it is this call's result; a later call at
+  // those sizes compiles it).
+  std::vector<capture::SegmentRecord> general;  // the segments with size expressions
+  std::vector<DynamicPlan> general_plans;       // the plan of each
+  if (!replays.general && replays.general_reason.empty() && recorded) {
     bool seen = false;
-    for (const auto& sample : replays.samples) seen = seen || sample.second == key;
+    for (const TraceSample& sample : replays.samples) seen = seen || sample.key == key;
     if (!seen && !replays.samples.empty()) {
-      general = ir::copy_module(*traced.records.front().gm);
-      std::vector<std::pair<const ir::Graph*, SizeKey>> samples;
-      for (const auto& [gm, k] : replays.samples) samples.emplace_back(&gm->graph(), k);
-      DynamicPlan plan = replays.plan;
-      std::string why = generalize(*general, samples, key, plan, traced.slots, name_);
-      if (why.empty()) {
-        general_plan = std::move(plan);
+      general = comparable();
+      std::string why;
+      if (general.size() == 1) {
+        std::vector<std::pair<const ir::Graph*, SizeKey>> samples;
+        for (const TraceSample& sample : replays.samples) {
+          if (sample.records.size() != 1) {
+            why = "the traces have " + std::to_string(sample.records.size()) + " and 1 graph segments";
+            break;
+          }
+          samples.emplace_back(&sample.records.front().gm->graph(), sample.key);
+        }
+        DynamicPlan plan = replays.plan;
+        if (why.empty()) why = generalize(*general.front().gm, samples, key, plan, traced.slots, name_);
+        if (why.empty()) general_plans.push_back(std::move(plan));
       } else {
-        general.reset();
+        std::vector<const TraceSample*> samples;
+        for (const TraceSample& sample : replays.samples) samples.push_back(&sample);
+        why = generalize_segments(general, traced.slots, samples, key, replays.plan, general_plans, name_);
+      }
+      if (!why.empty()) {
+        general.clear();
+        general_plans.clear();
         const size_t max_samples = std::max<size_t>(3, replays.plan.symbols.size() + 2);
         const bool more = why.rfind(kGeneralizeNeedsMoreSizes, 0) == 0 && replays.samples.size() + 1 < max_samples;
         TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", name_, "): no graph for every size yet: ", why,
                          more ? "; the next new size's trace tells more" : "; every new size is compiled");
         if (more) {
-          replays.samples.emplace_back(ir::copy_module(*traced.records.front().gm), key);
+          replays.samples.push_back(TraceSample{sample_of(), key});
           const size_t count = replays.trees.size();
           TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", name_, "): new sizes ",
                            replays.plan.key_str(key), ": traced the forward again, kept to compare (", count,
@@ -461,20 +491,27 @@ std::vector<at::Tensor> CompiledFunction::trace_new_sizes(const CompiledEntry& e
         replays.samples.clear();
       }
     } else if (!seen) {
-      replays.samples.emplace_back(ir::copy_module(*traced.records.front().gm), key);
+      replays.samples.push_back(TraceSample{sample_of(), key});
     }
   }
   std::unique_ptr<Segment> root;
-  if (general) {
-    std::shared_ptr<GraphModule> as_generalized = ir::copy_module(*general);
-    traced.records.front().gm = std::move(general);
+  if (!general.empty()) {
+    // Each segment compiled from its graph with size expressions, served at every size.
+    std::vector<capture::SegmentRecord> as_generalized = copy_records(general);
+    traced.records = std::move(general);
     root = compile_chain(traced, 0, spec, backend_, options_.backend, name_, failure);
-    if (root)
-      failure = serve_all_sizes(*root, std::move(general_plan), as_generalized, "", traced, backend_, options_.backend, name_);
+    Segment* seg = root.get();
+    for (size_t i = 0; seg && failure.empty() && i < as_generalized.size(); ++i) {
+      if (!general_plans[i].empty())
+        failure = serve_all_sizes(*seg, std::move(general_plans[i]), ir::copy_module(*as_generalized[i].gm), "", traced,
+                                  i, backend_, options_.backend, name_);
+      seg = seg->branch ? seg->branch->children.front().get() : nullptr;
+    }
     if (root && failure.empty()) {
       auto tree = std::make_shared<CompiledEntry>(entry.guards_, std::move(root), entry.input_names_, "");
+      tree->general_of_ = &replays;
       replays.general = tree;
-      replays.general_graph = std::move(as_generalized);
+      replays.general_trace = std::move(as_generalized);
       replays.samples.clear();
       add_tree(std::move(tree), ", and made one graph with size expressions for every size: compiled once");
       return traced.outputs;

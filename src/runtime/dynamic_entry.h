@@ -29,6 +29,7 @@
 #include <torchcompile/backends/registry.h>
 #include <torchcompile/runtime/compiled_function.h>
 
+#include "capture/segment_records.h"
 #include "support/by_size.h"
 
 #include <optional>
@@ -67,10 +68,21 @@ struct SymbolicDim {
 };
 
 
+/// An input dimension whose size is an expression of the symbols (a value computed before a
+/// graph break, as a later segment's input: `s0*s1`).
+struct ExpressionDim {
+  uint32_t input = 0;
+  uint32_t dim = 0;
+  ir::SymExpr size;
+};
+
 /// The symbols of a dynamic entry.
 struct DynamicPlan {
   std::vector<SizeSymbol> symbols;
   std::vector<SymbolicDim> dims;  ///< by input, then dimension
+  /// Dimensions of contiguous inputs that are expressions of the symbols (a segment after a
+  /// graph break: generalize_segments); they bind no symbol.
+  std::vector<ExpressionDim> expression_dims;
   std::vector<std::string> input_names;
   /// Why the captured graph may depend on the symbols' values (host code read one, or the trace
   /// could not be observed completely); empty if it cannot. Then each new combination of values
@@ -149,15 +161,58 @@ std::string make_symbolic(GraphModule& gm, DynamicPlan& plan, const std::vector<
 /// `plan` is the entry's; on success it becomes the plan of `gm`'s symbols: those that took
 /// other values in the samples (renamed s0, s1, ... in order; the others stay static in `gm`).
 /// A reason starting with kGeneralizeNeedsMoreSizes means more samples may succeed.
+/// With `keep_names`, the symbols keep the plan's names (the segments of one trace share them).
 std::string generalize(GraphModule& gm, const std::vector<std::pair<const ir::Graph*, SizeKey>>& samples,
                        const SizeKey& key, DynamicPlan& plan, const std::vector<at::Tensor>& inputs,
-                       const std::string& owner);
+                       const std::string& owner, bool keep_names = false);
 extern const char* const kGeneralizeNeedsMoreSizes;
 
 /// Whether `traced` (the forward traced on `inputs`) is `symbolic` (a generalized graph) at the
 /// sizes of `inputs`: the same nodes, the same constants, and size expressions whose values are
 /// the integers traced. Returns "" or the first difference.
 std::string same_graph_at(const GraphModule& symbolic, const GraphModule& traced, const std::vector<at::Tensor>& inputs);
+
+/// A trace of the forward kept to compare with traces at other sizes: its segments as recorded
+/// (graphs, slots, and the host read ending each one with the value it returned).
+struct TraceSample {
+  TraceSample(std::vector<capture::SegmentRecord> r, SizeKey k) : records(std::move(r)), key(std::move(k)) {}
+  TraceSample(TraceSample&&) = default;  // (no copy: a vector of them moves)
+  TraceSample& operator=(TraceSample&&) = default;
+
+  std::vector<capture::SegmentRecord> records;  ///< graphs copied; values_before_writes dropped
+  SizeKey key;                                  ///< the entry's symbols' values
+};
+/// A copy of `records` (graphs copied), with the values before writes if `with_values`.
+std::vector<capture::SegmentRecord> copy_records(const std::vector<capture::SegmentRecord>& records,
+                                                 bool with_values = false);
+
+/// Gives every segment after the first of a trace (`slots` its slot tensors) a placeholder for
+/// each of the forward's `num_inputs` inputs it does not read, after its own: a segment's graph
+/// with size expressions takes its symbols' values from the forward's inputs, whatever sizes
+/// the values it computes from have.
+void with_forward_inputs(std::vector<capture::SegmentRecord>& records, const std::vector<at::Tensor>& slots,
+                         size_t num_inputs);
+
+/// generalize() for a forward traced with graph breaks: `records` (traced at `key`; `slots` the
+/// trace's slot tensors) and every sample must have the same segments: the same slots, and each
+/// break the same host read returning the same value; every record has been given the forward's
+/// inputs (with_forward_inputs). Each segment's graph is generalized on its own (generalize()),
+/// its symbols (the entry's names) bound by the forward inputs' symbolic dimensions; the sizes
+/// of a contiguous value computed before a break are fitted as expressions of the symbols
+/// through the traced sizes (ExpressionDim). On success the graphs of `records` are replaced by
+/// those with size expressions, `plans` gets each segment's plan (inputs: its placeholders) and
+/// "" is returned; otherwise why not (`records` may then be partly changed: discard them). A
+/// reason starting with kGeneralizeNeedsMoreSizes means more samples may succeed.
+std::string generalize_segments(std::vector<capture::SegmentRecord>& records, const std::vector<at::Tensor>& slots,
+                                const std::vector<const TraceSample*>& samples, const SizeKey& key,
+                                const DynamicPlan& plan, std::vector<DynamicPlan>& plans, const std::string& owner);
+
+/// same_graph_at() for a trace with graph breaks: whether `traced` (the forward traced at new
+/// sizes, `slots` its slot tensors) has the segments of `general` (generalize_segments' result),
+/// each segment's graph being the generalized one at these sizes. Returns "" or the first
+/// difference.
+std::string same_trace_at(const std::vector<capture::SegmentRecord>& general,
+                          const std::vector<capture::SegmentRecord>& traced, const std::vector<at::Tensor>& slots);
 
 /// The compiled forms of a dynamic entry's graph: one for every size (the backend compiled the
 /// graph with size symbols), or one per combination of symbol values (the backend received a
@@ -229,9 +284,11 @@ struct ForwardReplays {
   DynamicPlan plan;
   BySize<std::shared_ptr<const CompiledEntry>> trees;
   std::shared_ptr<const CompiledEntry> first;  // the first trace's tree (explain, graph_module)
-  /// Graphs traced at the first sizes (one segment each), as recorded, with their sizes.
-  std::vector<std::pair<std::shared_ptr<GraphModule>, SizeKey>> samples;
-  std::shared_ptr<GraphModule> general_graph;     // the graph with size expressions, as generalized
+  /// Traces at the first sizes, as recorded, with their sizes.
+  std::vector<TraceSample> samples;
+  /// The segments with size expressions, as generalized (one for a forward without graph
+  /// breaks), and the breaks between them.
+  std::vector<capture::SegmentRecord> general_trace;
   std::shared_ptr<const CompiledEntry> general;  // its compiled tree
   std::string general_reason;                    // why there is none (empty: not tried yet)
   size_t general_hits = 0;                       // new sizes served by `general` without a compile

@@ -8,6 +8,7 @@
 #include "runtime/trace_session.h"
 
 #include <torchcompile/ir/op_step.h>
+#include <torchcompile/support/logging.h>
 
 #include <ATen/core/stack.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -236,6 +237,22 @@ std::vector<at::Tensor> CompiledFunction::retrace_branch(const CompiledEntry& en
     return traced.outputs;
   }
   std::vector<capture::SegmentRecord>& records = traced.records;
+  if (entry.general_of_ != nullptr) {
+    // The tree with size expressions serves every size whose trace recorded its segments; a new
+    // value at one of its breaks may come with other sizes' graphs. These sizes get a tree of
+    // their own, from this trace; the tree for every size stays as it is.
+    ForwardReplays& replays = *entry.general_of_;
+    const SizeKey key = replays.plan.key_of(args.tensors);
+    std::string failure;
+    std::unique_ptr<Segment> root = compile_chain(traced, 0, spec, backend_, options_.backend, name_, failure);
+    if (!root) warn_once("backend", failure + "; those sizes run eagerly");
+    const size_t count =
+        replays.trees.insert(key, std::make_shared<CompiledEntry>(entry.guards_, std::move(root), entry.input_names_, failure));
+    TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", name_, "): new sizes ", replays.plan.key_str(key),
+                     ": a graph break of the graph with size expressions read a new value; these sizes get a tree of ",
+                     "their own (", count, " sizes traced)");
+    return traced.outputs;
+  }
 
   // Walk the tree along the new trace, by the values it read, while its segments are the
   // compiled ones; attach the rest at the first value with no continuation. Two values share a

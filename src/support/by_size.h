@@ -33,9 +33,11 @@ class BySize {
     }
     return V();
   }
-  /// Adds `value` for `key`; returns how many are kept.
+  /// Adds `value` for `key` (replacing the one it had); returns how many are kept.
   size_t insert(SizeKey key, V value) {
     std::lock_guard<std::mutex> lock(mutex_);
+    items_.erase(std::remove_if(items_.begin(), items_.end(), [&](const auto& item) { return item.first == key; }),
+                 items_.end());
     items_.insert(items_.begin(), {std::move(key), std::move(value)});
     if (items_.size() > kMax) items_.pop_back();
     return items_.size();

@@ -9,6 +9,7 @@
 #include <torchcompile/ir/graph_module.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -78,33 +79,57 @@ TEST(Plugin, CompileWithPluginBackend) {
   EXPECT_EQ(log.find("[example backend] compiling graph", first + 1), std::string::npos) << log;
 }
 
+// A graph without operators (a forward returning its input, a segment before a graph break that
+// only reads) is not given to the backend, as torch.compile skips a graph without calls.
+TEST(Plugin, AGraphWithoutOperatorsIsNotGivenToTheBackend) {
+  auto calls = std::make_shared<std::atomic<int>>(0);
+  torchcompile::register_backend("count_graphs_without_ops", [calls](torchcompile::GraphModule& gm,
+                                                                     const std::vector<at::Tensor>&) {
+    ++*calls;
+    return torchcompile::CompiledFn([&gm](std::vector<at::Tensor> in) { return gm.forward(std::move(in)); });
+  });
+  auto a = torch::randn({4});
+  auto identity = torch::compile([](torch::Tensor x) { return x; }, "count_graphs_without_ops");
+  EXPECT_TRUE(identity(a).is_same(a));
+  EXPECT_EQ(calls->load(), 0);
+  auto e = torchcompile::explain("count_graphs_without_ops", [](torch::Tensor x) { return x; }, a);
+  ASSERT_EQ(e.compiled.size(), 1u);
+  EXPECT_EQ(e.compiled[0].backend, "interpreter");
+  EXPECT_TRUE(e.compiled[0].attempts.empty());
+  // Reads before a graph break, then operators: the backend gets the second segment only.
+  auto reads_first = [](torch::Tensor x) { return torch::equal(x, x) ? x.cos() : x.sin(); };
+  auto fast = torch::compile(reads_first, "count_graphs_without_ops");
+  EXPECT_TRUE(tc_test::tensors_equal(fast(a), a.cos()));
+  EXPECT_EQ(calls->load(), 1);
+}
+
 TEST(Plugin, DeclineReasonReachesExplainAndTheLogs) {
   torchcompile::load_backend_library(TORCHCOMPILE_EXAMPLE_PLUGIN);
-  // A function without operators: the example backend declines it, with its reason.
-  auto identity = [](torch::Tensor a) { return a; };
-  auto a = torch::randn({4});
-  auto e = torchcompile::explain("example", identity, a);
+  // A graph with an integer input: the example backend declines it, with its reason.
+  auto twice = [](torch::Tensor a) { return a * 2; };
+  auto a = torch::randint(0, 9, {4});
+  auto e = torchcompile::explain("example", twice, a);
   ASSERT_EQ(e.compiled.size(), 1u);
   EXPECT_EQ(e.compiled[0].backend, "interpreter");
   ASSERT_EQ(e.compiled[0].attempts.size(), 1u);
   EXPECT_EQ(e.compiled[0].attempts[0].backend, "example");
   EXPECT_EQ(e.compiled[0].attempts[0].outcome, torchcompile::BackendAttempt::Outcome::Declined);
-  EXPECT_EQ(e.compiled[0].attempts[0].reason, "the graph has no operators");
+  EXPECT_EQ(e.compiled[0].attempts[0].reason, "it takes float32 inputs only");
   std::ostringstream printed;
   printed << e;
   EXPECT_THAT(printed.str(), HasSubstr("Graph 1: run by the interpreter"));
-  EXPECT_THAT(printed.str(), HasSubstr("declined by example: the graph has no operators"));
+  EXPECT_THAT(printed.str(), HasSubstr("declined by example: it takes float32 inputs only"));
 
   torchcompile::logging::set_logs("passes");
   ::testing::internal::CaptureStderr();
-  auto f = torch::compile(identity, "example");
-  EXPECT_TRUE(tc_test::tensors_equal(a, f(a)));
+  auto f = torch::compile(twice, "example");
+  EXPECT_TRUE(tc_test::tensors_equal(a * 2, f(a)));
   const std::string log = ::testing::internal::GetCapturedStderr();
   torchcompile::logging::reset_logs();
-  EXPECT_THAT(log, HasSubstr("declined by example: the graph has no operators")) << log;
+  EXPECT_THAT(log, HasSubstr("declined by example: it takes float32 inputs only")) << log;
 
   // A graph with operators is compiled by it, and explain says so.
-  auto e2 = torchcompile::explain("example", [](torch::Tensor x) { return x.cos(); }, a);
+  auto e2 = torchcompile::explain("example", [](torch::Tensor x) { return x.cos(); }, torch::randn({4}));
   ASSERT_EQ(e2.compiled.size(), 1u);
   EXPECT_EQ(e2.compiled[0].backend, "example");
 }

@@ -128,6 +128,9 @@ class CompiledEntry {
   std::shared_ptr<GuardSet> guards_;      // shared with the trees of replays_
   std::unique_ptr<Segment> root_;         // null for an eager entry or one with replays_
   std::shared_ptr<ForwardReplays> replays_;  // a dynamic entry with a tree per size
+  // The tree with size expressions of that entry (ForwardReplays::general), which it owns: a new
+  // value at one of its graph breaks gives the call's sizes a tree of their own.
+  ForwardReplays* general_of_ = nullptr;
   std::vector<std::string> input_names_;
   std::string eager_reason_;
   mutable std::mutex tree_mutex_;  // guards the branch tables of the tree
