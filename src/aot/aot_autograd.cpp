@@ -66,20 +66,27 @@ struct Runtime : torch::CustomClassHolder {
   bool symbolic = false;  // the graphs have size symbols: fw_output_meta's sizes are the example's
   std::unique_ptr<ir::GraphModule> forward_gm, backward_gm;  // the compiled functions may refer to them
   CompiledFn forward, backward;
-  // The joint graph was traced with every primal in memory of its own, so the compiled pair is
-  // right only when no primal it updates in place shares memory with another primal (a view and
-  // its base both passed across a graph break; a caller passing a buffer of the module as an
-  // input). A call where one does runs the captured graph with this interpreter instead, whose
-  // ops see each other's updates through the shared memory as eager's do. Set only when the
-  // forward updates primals.
-  std::shared_ptr<ir::Interpreter> shared_memory_fallback;
-  mutable std::atomic<bool> told_shared_memory{false};
-  // Outputs that are views of a primal are rebuilt with the strides the primal had when traced;
-  // a call whose primal has other strides (the tensor a previous graph produced laid out
-  // otherwise than in the traced call) runs the captured graph with this interpreter instead.
-  // Set only when an output is such a view.
-  std::shared_ptr<ir::Interpreter> layout_fallback;
-  mutable std::atomic<bool> told_layout{false};
+  // The captured graph, run by the interpreter on calls the compiled pair does not serve (set
+  // only when one may come):
+  // - The joint graph was traced with every primal in memory of its own, so the compiled pair is
+  //   right only when no primal it updates in place shares memory with another primal (a view
+  //   and its base both passed across a graph break; a caller passing a buffer of the module as
+  //   an input). In the interpreter the ops see each other's updates through the shared memory
+  //   as eager's do. Possible when the forward updates primals.
+  // - Outputs that are views of a primal are rebuilt with the strides the primal had when
+  //   traced; a call whose primal has other strides (the tensor a previous graph produced laid
+  //   out otherwise than in the traced call) is not served. Possible when an output is such a view.
+  std::shared_ptr<ir::Interpreter> interpreter;
+  mutable std::atomic<bool> told_shared_memory{false}, told_layout{false};
+
+  // This call by the interpreter, saying `why` in the log once (`told`).
+  std::vector<at::Tensor> interpret(std::vector<at::Tensor> inputs, std::vector<at::Tensor>& ps, std::atomic<bool>& told,
+                                    const char* why) const {
+    if (!told.exchange(true)) TORCHCOMPILE_LOG(logging::LogKind::Graph, "aot_autograd: ", why, "; such calls run the graph with the interpreter");
+    for (size_t k = 0; k < ps.size(); ++k)
+      if (primals[k].input >= 0) inputs[primals[k].input] = std::move(ps[k]);
+    return interpreter->run(std::move(inputs));
+  }
 
   bool aliased_primals_keep_their_layout(const std::vector<at::Tensor>& ps) const {
     for (const OutputSource& o : outputs)
@@ -255,22 +262,12 @@ struct CompiledGraph : torch::autograd::Function<CompiledGraph> {
 
 std::vector<at::Tensor> Runtime::call(const c10::intrusive_ptr<Runtime>& self, std::vector<at::Tensor> inputs) {
   std::vector<at::Tensor> ps = self->gather(inputs);
-  if (self->shared_memory_fallback && self->updated_primal_shares_memory(ps)) {
-    if (!self->told_shared_memory.exchange(true))
-      TORCHCOMPILE_LOG(logging::LogKind::Graph, "aot_autograd: a tensor the graph updates in place shares memory "
-                       "with another of its inputs or module state; such calls run the graph with the interpreter");
-    for (size_t k = 0; k < ps.size(); ++k)
-      if (self->primals[k].input >= 0) inputs[self->primals[k].input] = std::move(ps[k]);
-    return self->shared_memory_fallback->run(std::move(inputs));
-  }
-  if (self->layout_fallback && !self->aliased_primals_keep_their_layout(ps)) {
-    if (!self->told_layout.exchange(true))
-      TORCHCOMPILE_LOG(logging::LogKind::Graph, "aot_autograd: an input of which an output is a view has other strides "
-                       "than when traced; such calls run the graph with the interpreter");
-    for (size_t k = 0; k < ps.size(); ++k)
-      if (self->primals[k].input >= 0) inputs[self->primals[k].input] = std::move(ps[k]);
-    return self->layout_fallback->run(std::move(inputs));
-  }
+  if (!self->mutated_primals.empty() && self->updated_primal_shares_memory(ps))
+    return self->interpret(std::move(inputs), ps, self->told_shared_memory,
+                           "a tensor the graph updates in place shares memory with another of its inputs or module state");
+  if (self->interpreter && !self->aliased_primals_keep_their_layout(ps))
+    return self->interpret(std::move(inputs), ps, self->told_layout,
+                           "an input of which an output is a view has other strides than when traced");
   std::vector<at::Tensor> outs;
   if (self->training) {
     // A primal that requires grad but gets no gradient from the graph goes in detached: as an
@@ -346,9 +343,9 @@ CompiledFn compile_pair(GraphModule& gm, const std::vector<at::Tensor>& example_
   rt->mutated_primals = std::move(joint.mutated_primals);
   rt->is_mutated.assign(rt->primals.size(), false);
   for (size_t k : rt->mutated_primals) rt->is_mutated[k] = true;
-  if (!rt->mutated_primals.empty()) rt->shared_memory_fallback = std::make_shared<ir::Interpreter>(gm);
-  for (const OutputSource& o : rt->outputs)
-    if (o.alias_primal >= 0 && !rt->layout_fallback) rt->layout_fallback = std::make_shared<ir::Interpreter>(gm);
+  bool may_interpret = !rt->mutated_primals.empty();
+  for (const OutputSource& o : rt->outputs) may_interpret = may_interpret || o.alias_primal >= 0;
+  if (may_interpret) rt->interpreter = std::make_shared<ir::Interpreter>(gm);
   rt->grad_primals = std::move(joint.grad_primals);
   rt->gets_grad.assign(rt->primals.size(), false);
   for (size_t k : rt->grad_primals) rt->gets_grad[k] = true;

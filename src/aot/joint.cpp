@@ -358,10 +358,24 @@ JointGraph build_joint(const ir::GraphModule& gm, const std::vector<at::Tensor>&
       for (size_t k = 0; k < np && out.defined(); ++k) {
         if (!wrapped[k].defined() || !out.is_alias_of(wrapped[k])) continue;
         src.alias_primal = static_cast<int>(k);
+        src.primal_strides = inner[k].strides().vec();
+        // An in-place op's result on a primal laid out otherwise than its new value (`mul_` on a
+        // narrowed input): functionalization gave the primal the new value's layout, so a view's
+        // metadata is not that of a view of the caller's tensor.
+        const bool relaid = wrapped[k].sizes() != inner[k].sizes() || wrapped[k].strides() != inner[k].strides();
+        if (relaid && out.is_same(wrapped[k]) && wrapped[k].sizes() == inner[k].sizes()) {
+          // The primal itself, as the caller passed it.
+          src.sizes = inner[k].sizes().vec();
+          src.strides = inner[k].strides().vec();
+          src.storage_offset = 0;
+          break;
+        }
+        if (relaid && j.decline_reason.empty())
+          j.decline_reason = "an output is a view of " + primal_name(j.primals[k]) +
+                             ", which the forward updates in place with results laid out otherwise";
         src.sizes = out.sizes().vec();
         src.strides = out.strides().vec();
         src.storage_offset = out.storage_offset() - inner[k].storage_offset();
-        src.primal_strides = inner[k].strides().vec();
         break;
       }
       if (src.alias_primal < 0) {

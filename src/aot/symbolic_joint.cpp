@@ -11,6 +11,7 @@
 // difference of anything else (another operator, a floating-point constant computed from a size,
 // a different number of results) leaves the graph to compile_per_shape, one joint graph per size.
 #include "aot/aot_internal.h"
+#include "support/error_text.h"
 #include "ir/size_fit.h"
 
 #include <torchcompile/ir/op_properties.h>
@@ -27,12 +28,6 @@ namespace torchcompile::aot {
 namespace {
 
 namespace size_fit = ir::size_fit;
-
-std::string first_line(const std::exception& e) {
-  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-  std::string msg = c10_error ? c10_error->what_without_backtrace() : e.what();
-  return msg.substr(0, msg.find('\n'));
-}
 
 // An input of the captured graph at other values of its symbols: the example's values repeated
 // over the new sizes (indices into a table stay valid), contiguous (inputs with symbolic sizes
@@ -85,12 +80,9 @@ std::optional<JointGraph> build_symbolic_joint(const ir::GraphModule& gm, const 
   // An operator whose result sizes depend on the data: its recorded sizes (and any integer
   // computed from them) may happen to fit an expression of the symbols at the four points.
   auto data_dependent = [&](const ir::Graph& graph) {
-    for (const auto& n : graph.nodes())
-      if (n->kind() == ir::NodeKind::CallFunction && ir::node_results_depend_on_data(*n)) {
-        why = "the result sizes of " + size_fit::describe_node(*n) + " depend on the data";
-        return true;
-      }
-    return false;
+    const ir::Node* n = ir::first_node_with_data_dependent_sizes(graph);
+    if (n) why = "the result sizes of " + size_fit::describe_node(*n) + " depend on the data";
+    return n != nullptr;
   };
   if (data_dependent(g)) return std::nullopt;
   // Other values than the static sizes of the graph's inputs and module state: at a batch size
@@ -133,7 +125,7 @@ std::optional<JointGraph> build_symbolic_joint(const ir::GraphModule& gm, const 
     try {
       others.push_back(build_joint(gm, inputs, decompositions));
     } catch (const std::exception& e) {
-      why = "recording the joint graph at other sizes failed: " + first_line(e);
+      why = "recording the joint graph at other sizes failed: " + support::error_first_line(e);
       return std::nullopt;
     }
     why = same_shape_of_joint(joint, others.back());
@@ -177,7 +169,7 @@ std::optional<JointGraph> build_symbolic_joint(const ir::GraphModule& gm, const 
     jg.symbol_bindings();
     ir::lint(jg);
   } catch (const std::exception& e) {
-    why = "the joint graph with size symbols is not valid: " + first_line(e);
+    why = "the joint graph with size symbols is not valid: " + support::error_first_line(e);
     return std::nullopt;
   }
   return joint;

@@ -177,10 +177,7 @@ class PerShape {
 
   // Whether specialize may take a new size's metadata from meta tensors (see there).
   static bool pure_with_data_independent_sizes(const GraphModule& gm) {
-    if (ir::effects_of(gm).any()) return false;
-    for (const auto& n : gm.graph().nodes())
-      if (ir::node_results_depend_on_data(*n)) return false;
-    return true;
+    return !ir::effects_of(gm).any() && ir::first_node_with_data_dependent_sizes(gm.graph()) == nullptr;
   }
 
   GraphModule& gm_;  // the graph with symbols; the runtime keeps it alive as long as the CompiledFn

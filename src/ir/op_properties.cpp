@@ -202,6 +202,12 @@ bool results_depend_on_data(const c10::OperatorHandle& op, const std::vector<c10
   return false;
 }
 
+const Node* first_node_with_data_dependent_sizes(const Graph& g) {
+  for (const auto& n : g.nodes())
+    if (node_results_depend_on_data(*n)) return n.get();
+  return nullptr;
+}
+
 bool node_results_depend_on_data(const Node& n) {
   if (n.kind() != NodeKind::CallFunction) return false;
   if (op_properties(n.op()).data_dependent_sizes) return true;

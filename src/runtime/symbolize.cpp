@@ -15,6 +15,7 @@
 // metadata of each new size by running the graph (compile_per_shape), and the runtime checks the
 // sizes of every result of a graph with symbols against its expressions.
 #include "capture/metadata_at.h"
+#include "support/error_text.h"
 #include "ir/size_fit.h"
 #include "runtime/dynamic_entry.h"
 #include "support/rng_state_guard.h"
@@ -100,12 +101,6 @@ std::vector<TensorMeta> input_metas_at(const DynamicPlan& plan, const std::vecto
   return metas;
 }
 
-std::string first_line(const std::exception& e) {
-  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-  std::string msg = c10_error ? c10_error->what_without_backtrace() : e.what();
-  return msg.substr(0, msg.find('\n'));
-}
-
 // `plan` without the symbols `drop` marks; the others renamed s0, s1, ... in order (unless not
 // `rename`: expression dimensions name them, and use none of those dropped).
 DynamicPlan without_symbols(const DynamicPlan& plan, const std::vector<bool>& drop, bool rename = true) {
@@ -162,7 +157,7 @@ std::string make_symbolic(GraphModule& gm, DynamicPlan& plan, const std::vector<
                     plan.input_names.at(d.input) + "'";
         TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", owner, "): ", plan.symbols[k].name, " (", dims,
                          ") stays static at ", plan.symbols[k].traced, ": the graph's ops do not accept ",
-                         point[k], " (", first_line(e), ")");
+                         point[k], " (", support::error_first_line(e), ")");
       }
     }
     if (any && declared) return "the graph's ops do not accept other values of a size symbol";
@@ -177,7 +172,7 @@ std::string make_symbolic(GraphModule& gm, DynamicPlan& plan, const std::vector<
   try {
     for (size_t p = 1; p < pts->size(); ++p) seen[p] = capture::metadata_at(gm, input_metas_at(plan, inputs, (*pts)[p]));
   } catch (const std::exception& e) {
-    return "running the graph's ops at other sizes failed: " + first_line(e);
+    return "running the graph's ops at other sizes failed: " + support::error_first_line(e);
   }
 
   // Placeholders take the probes' values in their symbolic dimensions, attributes keep their
@@ -480,9 +475,8 @@ std::string generalize_segments(std::vector<capture::SegmentRecord>& records, co
   // them: that result has no size expression (at other data it has other sizes at the same
   // symbols' values), and the breaks' values, those sizes, tell the trees apart anyway.
   for (size_t i = 0; i < records.size(); ++i)
-    for (const auto& n : records[i].gm->graph().nodes())
-      if (n->kind() == ir::NodeKind::CallFunction && ir::node_results_depend_on_data(*n))
-        return "segment " + std::to_string(i) + ": the sizes of " + n->target() + "'s result depend on the data";
+    if (const ir::Node* n = ir::first_node_with_data_dependent_sizes(records[i].gm->graph()))
+      return "segment " + std::to_string(i) + ": the result sizes of " + size_fit::describe_node(*n) + " depend on the data";
   // The samples' points, then this trace's.
   std::vector<SizeKey> points;
   for (const TraceSample* s : samples) points.push_back(s->key);

@@ -9,4 +9,9 @@ std::string error_message(const std::exception& e) {
   return e.what();
 }
 
+std::string error_first_line(const std::exception& e) {
+  const std::string msg = error_message(e);
+  return msg.substr(0, msg.find('\n'));
+}
+
 }  // namespace torchcompile::support

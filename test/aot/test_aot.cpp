@@ -1160,3 +1160,42 @@ TEST_P(AotTraining, PeakMemoryOfAStepIsAtMostEagers) {
   EXPECT_TRUE(tensors_close(once * 2, block->up->weight.grad(), 1e-5, 1e-6));
   EXPECT_THAT(error_of([&] { loss.backward(); }), ::testing::HasSubstr("second time"));
 }
+
+// An input laid out with gaps (a narrowed tensor, as a value crossing a graph break often is)
+// updated in place and returned: functionalization gives the input its new value's (contiguous)
+// layout, so the result is rebuilt from the caller's layout, not that one; a view of such an
+// input is left to the interpreter (the dynamic fuzzer, seed 50249: rows of another tensor came
+// back).
+TEST(Aot, AnInputWithGapsUpdatedInPlaceAndReturnedKeepsItsLayout) {
+  torch::NoGradGuard no_grad;
+  auto update = [](torch::Tensor x, torch::Tensor y) {
+    x.mul_(0.5);
+    return std::vector<torch::Tensor>{x, y + 1};
+  };
+  auto update_then_view = [](torch::Tensor x) {
+    x.mul_(0.5);
+    return x.narrow(0, 1, 2) + 0;
+  };
+  auto view_after_update = [](torch::Tensor x) {
+    x.mul_(0.5);
+    return x.narrow(0, 1, 2);
+  };
+  auto fast = torch::compile(update, "aot_eager");
+  auto fast_view = torch::compile(update_then_view, "aot_eager");
+  auto fast_alias = torch::compile(view_after_update, "aot_eager");
+  for (int i = 0; i < 3; ++i) {
+    auto base = torch::randn({3, 12}), base_ref = base.clone();
+    auto y = torch::randn({3, 6});
+    auto got = fast(base.narrow(1, 2, 6), y);
+    auto expected = update(base_ref.narrow(1, 2, 6), y);
+    EXPECT_TRUE(tensors_equal(got[0], expected[0])) << "call " << i;
+    EXPECT_EQ(got[0].strides(), expected[0].strides());
+    EXPECT_TRUE(tensors_equal(base, base_ref)) << "call " << i;
+    EXPECT_TRUE(tensors_equal(got[1], expected[1]));
+    EXPECT_TRUE(tensors_equal(fast_view(base.narrow(1, 2, 6)), update_then_view(base_ref.narrow(1, 2, 6))));
+    auto alias = fast_alias(base.narrow(1, 2, 6)), alias_ref = view_after_update(base_ref.narrow(1, 2, 6));
+    EXPECT_TRUE(tensors_equal(alias, alias_ref)) << "call " << i;
+    EXPECT_EQ(alias.strides(), alias_ref.strides());
+    EXPECT_TRUE(tensors_equal(base, base_ref));
+  }
+}

@@ -1312,3 +1312,4 @@ TEST(Dynamic, DebugBackendPrintsSeedSimpleNnWithPlaceholderS0) {
   ASSERT_EQ(entries.size(), 1u);
   EXPECT_TRUE(entries[0]->symbolic_graph());
 }
+

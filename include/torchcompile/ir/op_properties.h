@@ -16,6 +16,7 @@
 
 namespace torchcompile::ir {
 
+class Graph;
 class Node;
 
 /// The kind of computation an operator performs.
@@ -84,6 +85,9 @@ OpProperties node_properties(const Node& n);
 /// results_depend_on_data for a call_function node (an `index` node's boolean masks are read from
 /// the recorded metadata of its index values); false for other node kinds.
 bool node_results_depend_on_data(const Node& n);
+/// The first node of `g` whose results' sizes depend on the data (node_results_depend_on_data),
+/// or null.
+const Node* first_node_with_data_dependent_sizes(const Graph& g);
 /// True for a call_function node whose single result views an argument (`view`, `t`, `select`).
 bool is_view_node(const Node* n);
 /// The argument positions a call_function node writes: those its schema declares (`Tensor(a!)`)
