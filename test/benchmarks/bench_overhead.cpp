@@ -61,7 +61,9 @@ struct Case {
     torch::Tensor want = eager(input);
     torch::Tensor first = compiled(input);   // traces
     torch::Tensor second = compiled(input);  // cache hit
-    if (!torch::allclose(first, want) || !torch::allclose(second, want))
+    // The tolerance of the tests for backends with kernels of their own (oneDNN's GEMMs differ from
+    // ATen's in the last bits).
+    if (!torch::allclose(first, want, 1e-4, 1e-5) || !torch::allclose(second, want, 1e-4, 1e-5))
       error = "compiled result differs from eager";
   }
 };
