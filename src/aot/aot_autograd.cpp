@@ -149,30 +149,37 @@ struct Runtime : torch::CustomClassHolder {
 
 struct CompiledGraph : torch::autograd::Function<CompiledGraph> {
   // The values the backward graph reads, outs[first_saved...]. Those sharing memory with a
-  // primal or a result the caller gets (or undefined) go through save_for_backward, which
-  // checks their versions and keeps a saved result from referencing its own node. The others
+  // primal (or undefined) go through save_for_backward, which checks their versions. Those
+  // sharing memory with a result the caller gets (and no primal) are saved as copies: the
+  // caller may update that result in place before the backward (the next segment after a graph
+  // break does `h.mul_(0.5)`), which eager allows whenever its own autograd saved other tensors
+  // (the producing op's inputs), and the backward needs the values of the forward. The others
   // are the forward's private intermediates, which nobody else can reach: they are kept as a
   // plain list that the backward takes over and drops unless the graph is retained, so the
   // backward graph frees each one after its last use (as eager's backward frees each saved
   // tensor once its node has run) instead of all of them at the end.
   static void save_for_backward(AutogradContext* ctx, at::TensorList primals, std::vector<at::Tensor>& outs,
                                 size_t first_saved) {
-    c10::SmallVector<const c10::StorageImpl*, 32> visible;
-    auto add_visible = [&](const at::Tensor& t) {
-      if (t.defined() && t.has_storage()) visible.push_back(t.storage().unsafeGetStorageImpl());
+    c10::SmallVector<const c10::StorageImpl*, 32> of_primals, of_results;
+    auto storage_of = [](const at::Tensor& t) {
+      return t.defined() && t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr;
     };
-    for (const at::Tensor& t : primals) add_visible(t);
-    for (size_t i = 0; i < first_saved; ++i) add_visible(outs[i]);
+    for (const at::Tensor& t : primals)
+      if (auto* s = storage_of(t)) of_primals.push_back(s);
+    for (size_t i = 0; i < first_saved; ++i)
+      if (auto* s = storage_of(outs[i])) of_results.push_back(s);
+    auto in = [](const c10::SmallVector<const c10::StorageImpl*, 32>& v, const c10::StorageImpl* s) {
+      return std::find(v.begin(), v.end(), s) != v.end();
+    };
     std::vector<at::Tensor> checked;
     c10::List<at::Tensor> own;
     c10::List<bool> is_own;
     for (size_t i = first_saved; i < outs.size(); ++i) {
-      const at::Tensor& t = outs[i];
-      const bool mine = t.defined() && t.has_storage() &&
-                        std::find(visible.begin(), visible.end(), t.storage().unsafeGetStorageImpl()) == visible.end();
+      const c10::StorageImpl* s = storage_of(outs[i]);
+      const bool mine = s != nullptr && !in(of_primals, s);
       is_own.push_back(mine);
       if (mine) {
-        own.push_back(std::move(outs[i]));
+        own.push_back(in(of_results, s) ? outs[i].detach().clone() : std::move(outs[i]));
       } else {
         checked.push_back(std::move(outs[i]));
       }
