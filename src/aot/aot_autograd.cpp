@@ -82,7 +82,8 @@ struct Runtime : torch::CustomClassHolder {
   // This call by the interpreter, saying `why` in the log once (`told`).
   std::vector<at::Tensor> interpret(std::vector<at::Tensor> inputs, std::vector<at::Tensor>& ps, std::atomic<bool>& told,
                                     const char* why) const {
-    if (!told.exchange(true)) TORCHCOMPILE_LOG(logging::LogKind::Graph, "aot_autograd: ", why, "; such calls run the graph with the interpreter");
+    if (!told.exchange(true))
+      TORCHCOMPILE_LOG(logging::LogKind::Graph, "aot_autograd: ", why, "; such calls run the graph with the interpreter");
     for (size_t k = 0; k < ps.size(); ++k)
       if (primals[k].input >= 0) inputs[primals[k].input] = std::move(ps[k]);
     return interpreter->run(std::move(inputs));
@@ -281,17 +282,13 @@ std::vector<at::Tensor> Runtime::call(const c10::intrusive_ptr<Runtime>& self, s
     // input of the Function it would give the Function's node an edge to its history, and the
     // backward would run nodes eager's never reaches (a node without a derivative, such as
     // `_unique`'s, then throws).
-    bool detach = false;
-    for (size_t k = 0; k < ps.size() && !detach; ++k)
-      detach = !self->gets_grad[k] && ps[k].defined() && ps[k].requires_grad();
-    if (detach) {
-      std::vector<at::Tensor> args = ps;
-      for (size_t k = 0; k < args.size(); ++k)
-        if (!self->gets_grad[k] && args[k].defined() && args[k].requires_grad()) args[k] = args[k].detach();
-      outs = CompiledGraph::apply(at::TensorList(args), c10::IValue::make_capsule(self));
-    } else {
-      outs = CompiledGraph::apply(at::TensorList(ps), c10::IValue::make_capsule(self));
+    std::vector<at::Tensor> detached;  // ps with those primals detached; made only if there is one
+    for (size_t k = 0; k < ps.size(); ++k) {
+      if (self->gets_grad[k] || !ps[k].defined() || !ps[k].requires_grad()) continue;
+      if (detached.empty()) detached = ps;
+      detached[k] = ps[k].detach();
     }
+    outs = CompiledGraph::apply(at::TensorList(detached.empty() ? ps : detached), c10::IValue::make_capsule(self));
   } else {
     outs = self->forward(ps);
     self->write_back(ps, outs);

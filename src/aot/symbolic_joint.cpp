@@ -11,8 +11,8 @@
 // difference of anything else (another operator, a floating-point constant computed from a size,
 // a different number of results) leaves the graph to compile_per_shape, one joint graph per size.
 #include "aot/aot_internal.h"
-#include "support/error_text.h"
 #include "ir/size_fit.h"
+#include "support/error_text.h"
 
 #include <torchcompile/ir/op_properties.h>
 #include <torchcompile/ir/passes.h>

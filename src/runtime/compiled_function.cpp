@@ -209,8 +209,8 @@ std::string decline_reasons(const CompileReport& report) {
 
 // A dynamic entry's segment compiled from `generic` (its graph with size symbols if
 // `static_reason` is empty, else the static graph; `traced.records[record]` as traced): its
-// function becomes a ShapeSpecializations serving every size. A backend that declined the symbols compiles the static graph instead.
-// Returns "" or why the backend failed.
+// function becomes a ShapeSpecializations serving every size. A backend that declined the
+// symbols compiles the static graph instead. Returns "" or why the backend failed.
 std::string serve_all_sizes(Segment& root, DynamicPlan plan, std::shared_ptr<GraphModule> generic,
                             std::string static_reason, const TracedRun& traced, size_t record, const Backend& backend,
                             const std::string& backend_name, const std::string& owner) {

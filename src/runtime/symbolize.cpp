@@ -15,9 +15,9 @@
 // metadata of each new size by running the graph (compile_per_shape), and the runtime checks the
 // sizes of every result of a graph with symbols against its expressions.
 #include "capture/metadata_at.h"
-#include "support/error_text.h"
 #include "ir/size_fit.h"
 #include "runtime/dynamic_entry.h"
+#include "support/error_text.h"
 #include "support/rng_state_guard.h"
 
 #include <torchcompile/capture/tracer.h>
@@ -68,8 +68,6 @@ std::optional<std::vector<Point>> probe_points(const DynamicPlan& plan, std::str
   return size_fit::probe_points(symbols, why);
 }
 
-// The inputs' metadata when the symbols take the values of `point`: symbolic dimensions take
-// them (inputs with a symbolic dimension are contiguous).
 // The value of `e` when the plan's symbols take the values of `point`.
 int64_t value_at(const DynamicPlan& plan, const SymExpr& e, const Point& point) {
   return e.evaluate([&](const std::string& name) -> int64_t {
@@ -90,6 +88,8 @@ bool sizes_at(const DynamicPlan& plan, size_t input, const Point& point, TensorM
   return symbolic;
 }
 
+// The inputs' metadata when the symbols take the values of `point`: symbolic dimensions take
+// them (inputs with a symbolic dimension are contiguous).
 std::vector<TensorMeta> input_metas_at(const DynamicPlan& plan, const std::vector<at::Tensor>& inputs,
                                        const Point& point) {
   std::vector<TensorMeta> metas;
