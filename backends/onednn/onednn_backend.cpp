@@ -4,6 +4,9 @@
 // of the compiler is: onednn_internal.h.
 #include "onednn_internal.h"
 
+#include <torchcompile/ir/split.h>
+#include <torchcompile/support/logging.h>
+
 namespace torchcompile::backends {
 
 namespace onednn {
@@ -28,18 +31,24 @@ Compiled compile_error(const std::exception& e) {
 
 }  // namespace
 
-Compiled compile(GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
+namespace {
+
+Compiled compile_graph(GraphModule& gm, const std::vector<at::Tensor>& example_inputs, bool vary_rows) {
   if (needs_autograd(gm, example_inputs)) return declined(kNeedsAutogradReason);
   for (const auto& n : gm.graph().nodes())
     if (n->kind() == NodeKind::CallModule) return declined("the graph has call_module nodes");
+  if (vary_rows && gm.graph().has_size_expressions())
+    return declined("an argument is an expression of the size symbols");
   std::unique_ptr<Compiler> c;
   try {
     c = std::make_unique<Compiler>(gm);
+    if (vary_rows) c->vary_rows();
     c->match();
   } catch (const std::exception& e) {
     return compile_error(e);
   }
   if (c->num_groups() == 0) return declined("nothing to fuse");
+  if (!c->rows_obstacle().empty()) return declined("not one program for every size: " + c->rows_obstacle());
   // As for the fused backend's kernels, an unknown or unsupported TORCHCOMPILE_ISA is an error
   // (thrown to the pipeline), not a decline.
   const ScanKernels& scan = selected_scan();
@@ -51,12 +60,27 @@ Compiled compile(GraphModule& gm, const std::vector<at::Tensor>& example_inputs)
     result.blocked_values = c->blocked_values();
     result.winograd_convs = c->winograd_convs();
     result.scan_isa = scan.name;
-    for (const auto& step : prog->steps) result.aten_ops += dynamic_cast<const AtenStep*>(step.get()) != nullptr;
+    result.impls = c->impls();
+    for (const auto& step : prog->steps) {
+      result.aten_ops += dynamic_cast<const AtenStep*>(step.get()) != nullptr;
+      const auto* mm = dynamic_cast<const MatmulStep*>(step.get());
+      result.rows_gemms += mm && mm->rows_k;
+    }
     result.fn = [prog](std::vector<at::Tensor> inputs) { return prog->run(std::move(inputs)); };
   } catch (const std::exception& e) {
     return compile_error(e);
   }
   return result;
+}
+
+}  // namespace
+
+Compiled compile(GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
+  return compile_graph(gm, example_inputs, /*vary_rows=*/false);
+}
+
+Compiled compile_rows(GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
+  return compile_graph(gm, example_inputs, /*vary_rows=*/true);
 }
 
 std::unordered_set<const Node*> claim(const GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
@@ -94,15 +118,58 @@ bool scan_finds(const float* p, size_t n, bool or_infinity) {
 
 }  // namespace onednn
 
-CompiledFn onednn_backend(GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
-  // Primitives are created for concrete sizes: one compiled graph per combination of size symbols.
-  if (!gm.graph().symbols().empty()) return compile_per_shape(gm, example_inputs, &onednn_backend);
-  onednn::Compiled c = onednn::compile(gm, example_inputs);
-  if (!c.fn) return nullptr;  // declined (compile() gave the reason to torchcompile::decline)
+namespace {
+
+void report(const onednn::Compiled& c) {
   for (const auto& f : c.fused) report_partition("onednn: " + f);
   if (c.winograd_convs) report_partition("onednn: " + std::to_string(c.winograd_convs) + " conv(s) with the Winograd algorithm");
   if (c.blocked_values) report_partition("onednn: " + std::to_string(c.blocked_values) + " value(s) kept in blocked layout");
   if (c.aten_ops) report_partition("aten: " + std::to_string(c.aten_ops) + " other operator(s)");
+}
+
+// A graph with size symbols: one program for every size where they size only GEMM rows
+// (compile_rows), else one compiled graph per combination of the symbols' values. The example
+// sizes keep a program of their own where oneDNN's kernels for fixed sizes are other than its
+// kernels with run-time rows (brgemm on AVX-512 machines, faster on the same sizes; on AVX2
+// machines both are its jit gemm, and the one program serves every size).
+CompiledFn compile_symbolic(GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
+  onednn::Compiled rows = onednn::compile_rows(gm, example_inputs);
+  if (!rows.fn) {
+    TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "onednn: primitives per size: ", rows.reason);
+    torchcompile::detail::take_decline_reason();
+    return compile_per_shape(gm, example_inputs, &onednn_backend);
+  }
+  std::shared_ptr<GraphModule> example(ir::copy_module(gm));
+  example->graph().clear_symbols();
+  onednn::Compiled fixed = onednn::compile(*example, example_inputs);
+  if (!fixed.fn) torchcompile::detail::take_decline_reason();
+  report(rows);
+  report_partition("onednn: " + std::to_string(rows.rows_gemms) + " GEMM(s) with run-time rows serve every size");
+  TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "onednn: one program for every size (",
+                   rows.rows_gemms, " GEMM(s) with run-time rows)",
+                   fixed.fn && fixed.impls != rows.impls ? "; the example sizes keep primitives built for them" : "");
+  if (!fixed.fn || fixed.impls == rows.impls) return std::move(rows.fn);
+  std::vector<std::pair<size_t, int64_t>> bindings = gm.graph().symbol_bindings();
+  std::vector<int64_t> at_example;
+  for (const auto& [input, dim] : bindings) at_example.push_back(example_inputs.at(input).size(dim));
+  return [example, bindings = std::move(bindings), at_example = std::move(at_example), any = std::move(rows.fn),
+          fixed = std::move(fixed.fn)](std::vector<at::Tensor> inputs) {
+    bool same = true;
+    for (size_t k = 0; same && k < bindings.size(); ++k) {
+      const auto& [input, dim] = bindings[k];
+      same = input < inputs.size() && dim < inputs[input].dim() && inputs[input].size(dim) == at_example[k];
+    }
+    return same ? fixed(std::move(inputs)) : any(std::move(inputs));
+  };
+}
+
+}  // namespace
+
+CompiledFn onednn_backend(GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
+  if (!gm.graph().symbols().empty()) return compile_symbolic(gm, example_inputs);
+  onednn::Compiled c = onednn::compile(gm, example_inputs);
+  if (!c.fn) return nullptr;  // declined (compile() gave the reason to torchcompile::decline)
+  report(c);
   return std::move(c.fn);
 }
 

@@ -81,6 +81,11 @@ struct Compiled {
   size_t aten_ops = 0;
   /// The NaN / infinity scan the graph's steps run (scan_isa() when it was compiled).
   std::string scan_isa;
+  /// The implementation oneDNN chose for each primitive, in graph order ("brg:avx512_core",
+  /// "gemm:jit", "jit:avx2", ...).
+  std::vector<std::string> impls;
+  /// compile_rows(): the GEMMs whose number of rows is given at each call.
+  size_t rows_gemms = 0;
   /// When oneDNN declines the graph, `fn` is empty (the pipeline runs the next backend of a chain
   /// or the interpreter) and this is the reason compile() gave torchcompile::decline().
   std::string reason;
@@ -98,6 +103,15 @@ bool winograd_available();
 /// Compile `gm` for oneDNN. The GraphModule must outlive the CompiledFn (attributes are read
 /// live from it). A decline calls torchcompile::decline(reason) and returns an empty `fn`.
 Compiled compile(GraphModule& gm, const std::vector<at::Tensor>& example_inputs);
+
+/// One program for every value of the size symbols of `gm`, where they size only the rows of its
+/// GEMMs: each `linear` / `addmm` / `matmul` with a weight attribute and a reduced dimension of
+/// fixed size becomes a oneDNN matmul whose number of rows (the product of the source's other
+/// dimensions) is given at each call, its fused post-ops up to the first residual `add`; every
+/// other operator runs in ATen. Declined, with the reason, when the graph has size expressions
+/// in its arguments or a primitive oneDNN builds only for fixed sizes (convolution, pooling,
+/// batched GEMM, RNN); its caller then compiles per size (compile_per_shape).
+Compiled compile_rows(GraphModule& gm, const std::vector<at::Tensor>& example_inputs);
 
 /// The NaN / infinity scan compile() gives a graph's steps now: "avx512", "avx2" or "scalar
 /// (sse2)". It is compiled once per ISA (like the fused backend's kernels) and chosen like them:

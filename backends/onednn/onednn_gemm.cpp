@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 
@@ -185,6 +186,24 @@ bool Compiler::match_batched(Node* n, Group& g) {
   return true;
 }
 
+// Run-time rows (Compiler::vary_rows): a 2-D GEMM whose reduced dimension, weight and bias have
+// fixed sizes, its weight prepacked; its source's other dimensions may be symbols.
+std::string Compiler::rows_obstacle_of(const Group& g) const {
+  const std::string what = "'" + g.anchor->name() + "' (" + g.anchor->target() + ")";
+  if (g.kind != GroupKind::Linear) return what + ": oneDNN builds this primitive for fixed sizes";
+  if (!g.weight_attr) return what + ": its weight is not a module attribute";
+  auto fixed = [&](const Value& v, size_t from_dim) {
+    const TensorMeta& m = meta(v);
+    for (size_t d = from_dim; d < m.sym_sizes.size(); ++d)
+      if (!m.sym_sizes[d].is_constant()) return false;
+    return true;
+  };
+  const size_t last = meta(g.src).sizes.size() - 1;
+  if (!fixed(g.src, last)) return what + ": the reduced dimension is " + meta(g.src).sym_sizes[last].str();
+  if (g.bias && !fixed(*g.bias, 0)) return what + ": the bias has symbolic sizes";
+  return "";
+}
+
 // ---- emission -----------------------------------------------------------------------------------
 
 bool Compiler::emit_linear(Group& g, bool batched) {
@@ -197,8 +216,8 @@ bool Compiler::emit_linear(Group& g, bool batched) {
     wei_md = plain_md(g.w_sizes, g.w_strides);
     dst_md = plain_md(out_sizes, contiguous_strides(out_sizes));
   } else {
-    src_md = md_2d(xm);
     const int64_t K = g.w_sizes[0], N = g.w_sizes[1];
+    src_md = rows_vary_ ? md_t({DNNL_RUNTIME_DIM_VAL, K}, dt::f32, tag::ab) : md_2d(xm);
     const int64_t M = compat::dims_of(src_md)[0];
     wei_md = g.weight_attr ? md_t({K, N}, dt::f32, tag::any) : plain_md(g.w_sizes, g.w_strides);
     dst_md = md_t({M, N}, dt::f32, tag::ab);
@@ -206,6 +225,9 @@ bool Compiler::emit_linear(Group& g, bool batched) {
   }
   // Trim post-ops until oneDNN accepts the chain (never below the anchor itself).
   for (size_t kept = g.kept + 1; kept-- > 0;) {
+    // A binary post-op's operand has fixed sizes: with run-time rows the chain stops before it.
+    if (rows_vary_ && std::any_of(g.post.begin(), g.post.begin() + kept, [](const PostOp& p) { return p.is_add; }))
+      continue;
     std::vector<md_t> add_mds;
     for (size_t i = 0; i < kept; ++i)
       if (g.post[i].is_add) {
@@ -225,9 +247,15 @@ bool Compiler::emit_linear(Group& g, bool batched) {
     auto s = std::make_unique<MatmulStep>();
     std::vector<uint32_t> reads;
     s->prim = dnnl::matmul(*pd);
+    impls_.push_back(pd->impl_info_str());
     s->src = plain_in(g.src);
     reads.push_back(s->src.slot);
-    s->m_src = add_mem(src_md);
+    if (rows_vary_ && !batched) {
+      s->rows_k = g.w_sizes[0];
+      s->rows_n = g.w_sizes[1];
+    } else {
+      s->m_src = add_mem(src_md);
+    }
     s->m_wei = add_mem(pd->weights_desc());
     if (g.weight_attr) {
       const at::Tensor* attr_t = g.weight_attr;
@@ -267,7 +295,7 @@ bool Compiler::emit_linear(Group& g, bool batched) {
         s->bin_post_index.push_back(static_cast<int>(i));  // one post-op per chain entry
         s->m_bins.push_back(add_mem(add_mds[ai++]));
       }
-    s->m_dst = add_mem(dst_md);
+    if (!s->rows_k) s->m_dst = add_mem(dst_md);
     add_scratchpad(pd->scratchpad_desc(), s->has_scratch, s->m_scratch);
     // The result of the kept part of the chain.
     Value out = kept_output(g, kept);

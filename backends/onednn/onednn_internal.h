@@ -281,8 +281,12 @@ struct MatmulStep : Step {
   std::vector<PlainIn> bins;        // binary-add operands
   std::vector<int> bin_post_index;  // their positions among the post-ops
   std::vector<int64_t> out_sizes;
+  // Nonzero when the primitive has run-time rows (Compiler::vary_rows): the source is any
+  // (..., rows_k) tensor, read as (M, rows_k), and the result (..., rows_n); m_src and m_dst are
+  // then made per call.
+  int64_t rows_k = 0, rows_n = 0;
   uint32_t out = 0;
-  uint32_t m_src, m_wei, m_bias, m_dst, m_scratch;
+  uint32_t m_src = 0, m_wei = 0, m_bias = 0, m_dst = 0, m_scratch = 0;
   std::vector<uint32_t> m_bins;
   bool has_scratch = false;
   std::shared_ptr<const AtenFallback> fallback;
@@ -384,8 +388,19 @@ class Compiler {
   std::unordered_set<const Node*> group_nodes() const;
   size_t blocked_values() const { return blocked_values_; }
   size_t winograd_convs() const { return winograd_convs_; }
+  /// The implementation oneDNN chose for each primitive, in emission order.
+  const std::vector<std::string>& impls() const { return impls_; }
+
+  /// Builds one program for every value of the graph's size symbols (call before match()): each
+  /// GEMM a oneDNN matmul whose number of rows is given at run time, every other node an ATen
+  /// step. After match(), rows_obstacle() says why the graph cannot have such a program (a group
+  /// of another kind, a weight that is not an attribute, a symbolic reduced dimension), empty if
+  /// it can.
+  void vary_rows() { rows_vary_ = true; }
+  const std::string& rows_obstacle() const { return rows_obstacle_; }
 
  private:
+  std::string rows_obstacle_of(const Group& g) const;
   // matching (each kind's matcher is in that kind's file)
   bool match_linear(Node* n, Group& g);
   bool match_batched(Node* n, Group& g);
@@ -460,6 +475,9 @@ class Compiler {
   std::vector<std::string> fused_;
   size_t blocked_values_ = 0;
   size_t winograd_convs_ = 0;
+  std::vector<std::string> impls_;
+  bool rows_vary_ = false;
+  std::string rows_obstacle_;
 
   // Where a value is during the build: a slot, or a blocked buffer (with its plain slot once a
   // reader needed it plain).

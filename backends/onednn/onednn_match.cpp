@@ -294,6 +294,7 @@ void Compiler::match() {
       default: break;
     }
     if (!ok) continue;
+    if (rows_vary_ && rows_obstacle_.empty()) rows_obstacle_ = rows_obstacle_of(*g);
     if (g->kind == GroupKind::Linear || g->kind == GroupKind::Batched || g->kind == GroupKind::Conv) extend_chain(*g);
     else g->out = g->base;
     for (Node* m : g->head) claimed_.insert(m), group_of_[m] = g.get();

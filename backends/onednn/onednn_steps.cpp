@@ -87,8 +87,34 @@ void MatmulStep::run(Ctx& c) const {
     c.slots[out] = fallback->run(c);
     return;
   }
-  const at::Tensor& x = src.get(c, tmp_src);
-  args.bind(DNNL_ARG_SRC, m[m_src], x.data_ptr());
+  // Run-time rows: this call's source and destination memory objects.
+  dnnl::memory rows_src, rows_dst;
+  at::Tensor y;
+  if (rows_k) {
+    const at::Tensor& t = c.slots[src.slot];
+    TORCH_CHECK(t.dim() == static_cast<int64_t>(src.sizes.size()) && t.size(-1) == rows_k,
+                "onednn backend: a GEMM expected a source of ", src.sizes.size(), " dimensions ending in ", rows_k,
+                ", got sizes ", t.sizes());
+    if (t.scalar_type() == at::kFloat && t.is_contiguous() && !t.is_neg() && !t.is_conj()) {
+      tmp_src = t;
+    } else {
+      tmp_src = at::empty(t.sizes(), t.options().dtype(at::kFloat));
+      tmp_src.copy_(t);
+    }
+    std::vector<int64_t> sizes = t.sizes().vec();
+    sizes.back() = rows_n;
+    y = at::empty(sizes, at::TensorOptions().dtype(at::kFloat));
+    const int64_t rows = tmp_src.numel() / rows_k;
+    if (rows == 0) {
+      c.slots[out] = std::move(y);
+      return;
+    }
+    rows_src = dnnl::memory(md_t({rows, rows_k}, dt::f32, tag::ab), cpu_engine(), tmp_src.data_ptr());
+    rows_dst = dnnl::memory(md_t({rows, rows_n}, dt::f32, tag::ab), cpu_engine(), y.data_ptr());
+    args.add(DNNL_ARG_SRC, rows_src);
+  } else {
+    args.bind(DNNL_ARG_SRC, m[m_src], src.get(c, tmp_src).data_ptr());
+  }
   if (packed) {
     set_handle(m[m_wei], pk->weight.data_ptr());
   } else {
@@ -102,8 +128,12 @@ void MatmulStep::run(Ctx& c) const {
   for (size_t i = 0; i < bins.size(); ++i) {
     args.bind(DNNL_ARG_ATTR_MULTIPLE_POST_OP(bin_post_index[i]) | DNNL_ARG_SRC_1, m[m_bins[i]], bins[i].get(c, tmp_bins[i]).data_ptr());
   }
-  at::Tensor y = at::empty(out_sizes, at::TensorOptions().dtype(at::kFloat));
-  args.bind(DNNL_ARG_DST, m[m_dst], y.data_ptr());
+  if (rows_k) {
+    args.add(DNNL_ARG_DST, rows_dst);
+  } else {
+    y = at::empty(out_sizes, at::TensorOptions().dtype(at::kFloat));
+    args.bind(DNNL_ARG_DST, m[m_dst], y.data_ptr());
+  }
   if (has_scratch) {
     args.bind(DNNL_ARG_SCRATCHPAD, m[m_scratch], c.ms->buffer_ptrs[0]);
   }

@@ -1233,3 +1233,108 @@ TEST(OneDnnBackend, RnnFourThreadsAtOnceMatchEager) {
   expect_four_threads_match(fast, inputs, expected);
   EXPECT_EQ(r.fused(), (std::vector<std::string>{"lstm (2 layers, bidirectional)", "gru (1 layer)"}));
 }
+
+// A graph with size symbols whose GEMMs' rows vary (the batch, or batch and sequence of a 3-D
+// input) gets one program for every size (oneDNN matmuls with run-time rows): random stacks of
+// Linear layers with fused activations, residual adds (not fused with run-time rows) and NaNs,
+// called at random sizes, contiguous or not, under `onednn` and `default` with `dynamic = true`,
+// match eager, and no size after the first builds primitives (compile_per_shape logs none).
+TEST(OneDnnBackend, GemmsWithRunTimeRowsServeEverySizeAsEager) {
+  torch::NoGradGuard no_grad;
+  std::mt19937 rng(61);
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
+  for (int program = 0; program < 12; ++program) {
+    torch::manual_seed(program);
+    const bool three_d = program % 3 == 2;
+    const int64_t features = 8 + 8 * pick(4);
+    auto m = std::make_shared<FnModule>();
+    std::vector<torch::nn::Linear> layers;
+    std::vector<int> acts, residual;
+    int64_t width = features;
+    const int depth = 1 + pick(3);
+    for (int i = 0; i < depth; ++i) {
+      const int64_t out = pick(2) ? width : 4 + 4 * pick(6);
+      layers.push_back(m->register_module("l" + std::to_string(i), torch::nn::Linear(width, out)));
+      acts.push_back(pick(5));
+      residual.push_back(out == width && pick(2));
+      width = out;
+    }
+    m->fn = [layers, acts, residual](FnModule&, torch::Tensor x) mutable {
+      for (size_t i = 0; i < layers.size(); ++i) {
+        torch::Tensor y = layers[i]->forward(x);
+        switch (acts[i]) {
+          case 0: y = torch::relu(y); break;
+          case 1: y = torch::gelu(y); break;
+          case 2: y = torch::tanh(y); break;
+          case 3: y = torch::sigmoid(y); break;
+          default: break;
+        }
+        x = residual[i] ? y + x : y;
+      }
+      return x;
+    };
+    m->eval();
+    for (const char* backend : {"onednn", "default"}) {
+      torchcompile::logging::set_logs("dynamic");
+      ::testing::internal::CaptureStderr();
+      std::string failure;
+      {
+        auto fast = torch::compile(m, torchcompile::CompileOptions(backend).with_dynamic(true));
+        for (int call = 0; call < 8 && failure.empty(); ++call) {
+          const int64_t rows = call == 0 ? 6 : pick(3) == 0 ? 6 : 1 + pick(40);
+          torch::Tensor x = three_d ? torch::randn({rows, 1 + pick(5), features}) : torch::randn({rows, features});
+          if (pick(4) == 0) x.view(-1)[pick(static_cast<int>(x.numel()))] = std::nanf("");
+          if (pick(4) == 0) x = x.transpose(0, x.dim() - 1).contiguous().transpose(0, x.dim() - 1);  // not contiguous
+          torch::Tensor expected = m->forward(x);
+          torch::Tensor actual = fast(x);
+          auto close = tc_test::tensors_close(expected, actual, kRtol, kAtol);
+          if (!close)
+            failure = std::string(backend) + ", program " + std::to_string(program) + ", call " +
+                      std::to_string(call) + ", sizes " + c10::str(x.sizes()) + ": " + close.message();
+        }
+      }
+      const std::string log = ::testing::internal::GetCapturedStderr();
+      torchcompile::logging::set_logs("");
+      ASSERT_TRUE(failure.empty()) << failure;
+      EXPECT_THAT(log, ::testing::HasSubstr("onednn: one program for every size")) << backend << ", program " << program;
+      EXPECT_THAT(log, ::testing::Not(::testing::HasSubstr("compile_per_shape: new sizes")))
+          << backend << ", program " << program;
+    }
+  }
+}
+
+// Four threads call one program with run-time rows at different sizes at once.
+TEST(OneDnnBackend, GemmsWithRunTimeRowsFourThreadsAtOnce) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(62);
+  torch::nn::Sequential net(torch::nn::Linear(24, 48), torch::nn::ReLU(), torch::nn::Linear(48, 8));
+  net->eval();
+  auto fast = torch::compile(net, torchcompile::CompileOptions("onednn").with_dynamic(true));
+  std::vector<torch::Tensor> inputs, expected;
+  for (int64_t rows : {3, 17, 64, 1, 40, 9}) {
+    inputs.push_back(torch::randn({rows, 24}));
+    expected.push_back(net->forward(inputs.back()));
+  }
+  expect_four_threads_match(fast, inputs, expected);
+}
+
+// Where a primitive needs fixed sizes (a convolution), each size gets its own program, as the
+// log says, and the results stay eager's.
+TEST(OneDnnBackend, ConvolutionsWithSymbolicSizesArePerSize) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(63);
+  torch::nn::Sequential net(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 8, 3).padding(1)), torch::nn::ReLU(),
+                            torch::nn::Flatten(), torch::nn::Linear(8 * 6 * 6, 5));
+  net->eval();
+  torchcompile::logging::set_logs("dynamic");
+  ::testing::internal::CaptureStderr();
+  auto fast = torch::compile(net, torchcompile::CompileOptions("onednn").with_dynamic(true));
+  for (int64_t batch : {2, 5, 2, 7}) {
+    torch::Tensor x = torch::randn({batch, 3, 6, 6});
+    EXPECT_TRUE(tc_test::tensors_close(net->forward(x), fast(x), kRtol, kAtol)) << "batch " << batch;
+  }
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  torchcompile::logging::set_logs("");
+  EXPECT_THAT(log, ::testing::HasSubstr("oneDNN builds this primitive for fixed sizes"));
+  EXPECT_THAT(log, ::testing::HasSubstr("compile_per_shape: new sizes"));
+}
