@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <list>
 
 namespace torchcompile::backends::onednn::detail {
 
@@ -152,33 +153,108 @@ std::shared_ptr<const Packed> PackedHolder::get() {
   return p;
 }
 
+namespace {
+
+// The large buffers of every program's memory sets (blocked activations, reorder targets, big
+// scratchpads), lent for one call and given back after it. Programs built for other sizes of one
+// graph (compile_per_shape keeps 64) then reuse memory earlier calls have already touched instead
+// of each keeping buffers of its own: a new size does not fault in fresh pages for all of them,
+// and what stays allocated between calls is bounded by what calls use at once plus kIdleLimit,
+// not by the number of sizes seen. Capacities are rounded up to 2^k * (1 + j/4), so a buffer
+// serves requests up to 25% smaller than it; idle buffers beyond kIdleLimit bytes are freed,
+// those given back longest ago first.
+class SharedBuffers {
+ public:
+  static constexpr size_t kIdleLimit = size_t(512) << 20;
+
+  static size_t capacity(size_t size) {
+    size_t top = size_t(1) << (63 - __builtin_clzll(size));  // the largest power of 2 <= size
+    const size_t quarter = top / 4;
+    return (size + quarter - 1) / quarter * quarter;
+  }
+
+  at::Tensor take(size_t size) {
+    const size_t cap = capacity(size);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto it = idle_.begin(); it != idle_.end(); ++it)
+        if (it->first == cap) {
+          at::Tensor b = std::move(it->second);
+          idle_.erase(it);
+          idle_bytes_ -= cap;
+          return b;
+        }
+    }
+    return at::empty({static_cast<int64_t>(cap + 64)}, at::kByte);
+  }
+
+  void give(size_t size, at::Tensor b) {
+    const size_t cap = capacity(size);
+    std::vector<at::Tensor> freed;  // released outside the lock
+    std::lock_guard<std::mutex> lock(mutex_);
+    idle_.emplace_back(cap, std::move(b));
+    idle_bytes_ += cap;
+    while (idle_bytes_ > kIdleLimit && idle_.size() > 1) {
+      idle_bytes_ -= idle_.front().first;
+      freed.push_back(std::move(idle_.front().second));
+      idle_.pop_front();
+    }
+  }
+
+ private:
+  std::mutex mutex_;
+  std::list<std::pair<size_t, at::Tensor>> idle_;  // oldest first
+  size_t idle_bytes_ = 0;
+};
+
+SharedBuffers& shared_buffers() {
+  static auto* pool = new SharedBuffers();  // never destroyed: programs may outlive static destruction
+  return *pool;
+}
+
+void* aligned(const at::Tensor& b) {
+  // 64 extra bytes so the data can be aligned to a cache line whatever the allocator does.
+  auto addr = reinterpret_cast<uintptr_t>(b.data_ptr());
+  return reinterpret_cast<void*>((addr + 63) & ~uintptr_t(63));
+}
+
+}  // namespace
+
 std::unique_ptr<MemSet> Program::acquire() {
+  std::unique_ptr<MemSet> ms;
   {
     std::lock_guard<std::mutex> lock(pool_mutex_);
     if (!pool_.empty()) {
-      auto ms = std::move(pool_.back());
+      ms = std::move(pool_.back());
       pool_.pop_back();
-      return ms;
     }
   }
-  auto ms = std::make_unique<MemSet>();
-  ms->mems.reserve(mem_descs.size());
-  for (const auto& md : mem_descs) ms->mems.emplace_back(md, cpu_engine(), static_cast<void*>(DNNL_MEMORY_NONE));
-  for (size_t size : buffer_sizes) {
-    // 64 extra bytes so the data can be aligned to a cache line whatever the allocator does.
-    at::Tensor b = size ? at::empty({static_cast<int64_t>(size + 64)}, at::kByte) : at::Tensor();
-    void* ptr = nullptr;
-    if (b.defined()) {
-      auto addr = reinterpret_cast<uintptr_t>(b.data_ptr());
-      ptr = reinterpret_cast<void*>((addr + 63) & ~uintptr_t(63));
-    }
-    ms->buffers.push_back(std::move(b));
-    ms->buffer_ptrs.push_back(ptr);
+  if (!ms) {
+    ms = std::make_unique<MemSet>();
+    ms->mems.reserve(mem_descs.size());
+    for (const auto& md : mem_descs) ms->mems.emplace_back(md, cpu_engine(), static_cast<void*>(DNNL_MEMORY_NONE));
+    ms->buffers.resize(buffer_sizes.size());
+    ms->buffer_ptrs.resize(buffer_sizes.size(), nullptr);
+    for (size_t i = 0; i < buffer_sizes.size(); ++i)
+      if (buffer_sizes[i] && buffer_sizes[i] < kSharedBufferBytes) {
+        ms->buffers[i] = at::empty({static_cast<int64_t>(buffer_sizes[i] + 64)}, at::kByte);
+        ms->buffer_ptrs[i] = aligned(ms->buffers[i]);
+      }
   }
+  for (size_t i = 0; i < buffer_sizes.size(); ++i)
+    if (buffer_sizes[i] >= kSharedBufferBytes) {
+      ms->buffers[i] = shared_buffers().take(buffer_sizes[i]);
+      ms->buffer_ptrs[i] = aligned(ms->buffers[i]);
+    }
   return ms;
 }
 
 void Program::release(std::unique_ptr<MemSet> ms) {
+  for (size_t i = 0; i < buffer_sizes.size(); ++i)
+    if (buffer_sizes[i] >= kSharedBufferBytes) {
+      shared_buffers().give(buffer_sizes[i], std::move(ms->buffers[i]));
+      ms->buffer_ptrs[i] = nullptr;
+    }
   std::lock_guard<std::mutex> lock(pool_mutex_);
   pool_.push_back(std::move(ms));
 }

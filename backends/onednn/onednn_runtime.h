@@ -25,12 +25,16 @@ dnnl::engine& cpu_engine();
 /// What one call needs besides the value slots: oneDNN memory objects (one per primitive
 /// argument, their data handles set at each call), the scratchpad and the buffers of blocked
 /// intermediates. A call takes a set from the program's pool and gives it back at the end, so
-/// concurrent calls never share one and steady-state calls allocate nothing here.
+/// concurrent calls never share one and steady-state calls allocate nothing here. Buffers of
+/// kSharedBufferBytes or more are lent to the call by one pool every program shares (see
+/// onednn_runtime.cpp) and given back with the set.
 struct MemSet {
   std::vector<dnnl::memory> mems;
   std::vector<at::Tensor> buffers;  // [0]: scratchpad; then one per blocked value / reorder target
   std::vector<void*> buffer_ptrs;
 };
+
+constexpr size_t kSharedBufferBytes = size_t(1) << 20;
 
 struct Ctx {
   at::Tensor* slots;

@@ -1338,3 +1338,23 @@ TEST(OneDnnBackend, ConvolutionsWithSymbolicSizesArePerSize) {
   EXPECT_THAT(log, ::testing::HasSubstr("oneDNN builds this primitive for fixed sizes"));
   EXPECT_THAT(log, ::testing::HasSubstr("compile_per_shape: new sizes"));
 }
+
+// Programs built for other sizes of one graph borrow their large buffers (blocked activations of
+// a MiB and more) from one pool: four threads calling a conv net at four batch sizes at once, each
+// size its own program, match eager.
+TEST(OneDnnBackend, ProgramsForManySizesShareBuffersFromFourThreads) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(64);
+  torch::nn::Sequential net(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 16, 3).padding(1)),
+                            torch::nn::BatchNorm2d(16), torch::nn::ReLU(),
+                            torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)), torch::nn::ReLU(),
+                            torch::nn::AdaptiveAvgPool2d(1), torch::nn::Flatten(), torch::nn::Linear(32, 5));
+  net->eval();
+  auto fast = torch::compile(net, torchcompile::CompileOptions("onednn").with_dynamic(true));
+  std::vector<torch::Tensor> inputs, expected;
+  for (int64_t batch : {16, 18, 21, 24, 17}) {  // conv outputs of 1-3 MiB
+    inputs.push_back(torch::randn({batch, 3, 32, 32}));
+    expected.push_back(net->forward(inputs.back()));
+  }
+  expect_four_threads_match(fast, inputs, expected);
+}
