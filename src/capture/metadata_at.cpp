@@ -67,6 +67,102 @@ std::optional<at::Tensor> pointwise_on_meta(const c10::OperatorHandle& op, const
   }
 }
 
+std::optional<at::Tensor> convolution_on_meta(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args) {
+  const c10::FunctionSchema& schema = op.schema();
+  const std::string& name = schema.name();
+  const bool wrapper = name == "aten::conv1d" || name == "aten::conv2d" || name == "aten::conv3d";
+  const bool wrapper_t = name == "aten::conv_transpose1d" || name == "aten::conv_transpose2d" ||
+                         name == "aten::conv_transpose3d";
+  if (!wrapper && !wrapper_t && name != "aten::convolution" && name != "aten::_convolution") return std::nullopt;
+  if (args.size() != schema.arguments().size()) return std::nullopt;
+  auto arg = [&](const char* n) -> const c10::IValue* {
+    for (size_t i = 0; i < schema.arguments().size(); ++i)
+      if (schema.arguments()[i].name() == n) return &args[i];
+    return nullptr;
+  };
+  const c10::IValue* in = arg("input");
+  const c10::IValue* w = arg("weight");
+  if (!in || !w || !in->isTensor() || !w->isTensor()) return std::nullopt;
+  const at::Tensor& x = in->toTensor();
+  const at::Tensor& weight = w->toTensor();
+  if (!x.defined() || !weight.defined() || !x.is_meta() || !weight.is_meta()) return std::nullopt;
+  if (!at::isFloatingType(x.scalar_type()) || x.scalar_type() != weight.scalar_type()) return std::nullopt;
+  if (!x.is_contiguous() || !weight.is_contiguous()) return std::nullopt;
+  const int64_t spatial = weight.dim() - 2;
+  if (spatial < 1 || spatial > 3) return std::nullopt;
+  const bool batched = x.dim() == weight.dim();
+  if (!batched && !(x.dim() == weight.dim() - 1 && (wrapper || wrapper_t))) return std::nullopt;
+  bool transposed = wrapper_t;
+  if (const c10::IValue* t = arg("transposed")) {
+    if (!t->isBool()) return std::nullopt;
+    transposed = t->toBool();
+  }
+  auto ints = [&](const char* n, int64_t fill) -> std::optional<std::vector<int64_t>> {
+    const c10::IValue* v = arg(n);
+    if (!v) return std::vector<int64_t>(spatial, fill);
+    if (!v->isIntList()) return std::nullopt;
+    std::vector<int64_t> l = v->toIntVector();
+    if (l.size() == 1) l.assign(spatial, l[0]);
+    if (static_cast<int64_t>(l.size()) != spatial) return std::nullopt;
+    return l;
+  };
+  auto stride = ints("stride", 1), dilation = ints("dilation", 1), output_padding = ints("output_padding", 0);
+  if (!stride || !dilation || !output_padding) return std::nullopt;
+  std::optional<std::vector<int64_t>> padding;
+  bool same = false;
+  if (const c10::IValue* p = arg("padding"); p && p->isString()) {
+    const std::string mode = p->toStringRef();
+    if (mode == "valid") padding = std::vector<int64_t>(spatial, 0);
+    else if (mode == "same") same = true;
+    else return std::nullopt;
+  } else {
+    padding = ints("padding", 0);
+    if (!padding) return std::nullopt;
+  }
+  int64_t groups = 1;
+  if (const c10::IValue* g = arg("groups")) {
+    if (!g->isInt()) return std::nullopt;
+    groups = g->toInt();
+  }
+  if (groups < 1) return std::nullopt;
+  const int64_t lead = batched ? 2 : 1;  // (N, C, ...) or (C, ...)
+  const int64_t channels = x.size(lead - 1);
+  std::vector<int64_t> sizes;
+  if (batched) sizes.push_back(x.size(0));
+  if (!transposed) {
+    if (channels != weight.size(1) * groups || weight.size(0) % groups != 0) return std::nullopt;
+    sizes.push_back(weight.size(0));
+  } else {
+    if (channels != weight.size(0) || channels % groups != 0) return std::nullopt;
+    sizes.push_back(weight.size(1) * groups);
+  }
+  for (int64_t d = 0; d < spatial; ++d) {
+    const int64_t size = x.size(lead + d), k = weight.size(2 + d);
+    const int64_t s = (*stride)[d], dil = (*dilation)[d];
+    if (s < 1 || dil < 1) return std::nullopt;
+    int64_t out;
+    if (same) {
+      if (transposed || s != 1) return std::nullopt;
+      out = size;
+    } else if (!transposed) {
+      out = (size + 2 * (*padding)[d] - dil * (k - 1) - 1) / s + 1;
+      if (size + 2 * (*padding)[d] - dil * (k - 1) - 1 < 0) return std::nullopt;  // the op throws
+    } else {
+      out = (size - 1) * s - 2 * (*padding)[d] + dil * (k - 1) + (*output_padding)[d] + 1;
+    }
+    if (out <= 0 || size <= 0) return std::nullopt;
+    sizes.push_back(out);
+  }
+  for (int64_t v : sizes)
+    if (v <= 0) return std::nullopt;  // empty tensors: the op decides
+  return at::empty(sizes, x.options().device(c10::kMeta));
+}
+
+std::optional<at::Tensor> result_on_meta(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args) {
+  if (auto r = pointwise_on_meta(op, args)) return r;
+  return convolution_on_meta(op, args);
+}
+
 std::unordered_map<std::string, std::vector<ir::TensorMeta>> metadata_at(const ir::GraphModule& gm,
                                                                        const std::vector<ir::TensorMeta>& inputs) {
   auto copy = ir::copy_module(gm);
@@ -87,7 +183,7 @@ std::unordered_map<std::string, std::vector<ir::TensorMeta>> metadata_at(const i
                          }
                        }
                        if (zeros && op) {
-                         if (auto r = pointwise_on_meta(n.op(), args)) {
+                         if (auto r = result_on_meta(n.op(), args)) {
                            results = {std::move(*r)};
                            zeros = false;
                            if (!known) note_without_meta_kernel(n.op());

@@ -29,4 +29,15 @@ std::unordered_map<std::string, std::vector<ir::TensorMeta>> metadata_at(const i
 /// place, random, more than one result, tensors in lists) or fails.
 std::optional<at::Tensor> pointwise_on_meta(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args);
 
+/// The result of a convolution (`aten::convolution`, `_convolution`, `conv1d`/`2d`/`3d` with
+/// integer or "valid"/"same" padding, `conv_transpose1d`/`2d`/`3d`) on the meta tensors in `args`,
+/// from its shape formula: LibTorch 1.13 has no meta kernel for them, and running one on zeros of
+/// real sizes costs a real convolution. Only where the result's layout is certain: a contiguous
+/// input and weight of one floating dtype give a contiguous result. Nullopt otherwise.
+std::optional<at::Tensor> convolution_on_meta(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args);
+
+/// pointwise_on_meta, then convolution_on_meta: an op without a meta kernel whose result is
+/// known without running it.
+std::optional<at::Tensor> result_on_meta(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args);
+
 }  // namespace torchcompile::capture

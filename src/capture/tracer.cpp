@@ -188,7 +188,7 @@ struct Tracer::Impl {
     }
     if (zeros) {
       convert(false);
-      if (auto r = pointwise_on_meta(op, std::vector<c10::IValue>(stack->begin() + base, stack->end()))) {
+      if (auto r = result_on_meta(op, std::vector<c10::IValue>(stack->begin() + base, stack->end()))) {
         stack->resize(base);
         stack->push_back(std::move(*r));
       } else {

@@ -6,8 +6,10 @@
 #include <torchcompile/ir/interpreter.h>
 #include <torchcompile/ir/passes.h>
 
+#include "capture/metadata_at.h"
 #include "capture/segment_records.h"
 
+#include <random>
 #include <thread>
 
 using torchcompile::capture::Tracer;
@@ -245,3 +247,88 @@ TEST(Tracer, DeadCodeIsLeftToThePipelineWhichKeepsRandomness) {
 }
 
 }  // namespace
+
+// convolution_on_meta (what shape-only traces and compile_per_shape give a convolution, which has
+// no meta kernel in LibTorch 1.13, instead of running it on zeros of the real sizes): for random
+// 1-3-D convolutions, transposed or not, with strides, padding (integers, "valid", "same"),
+// dilation and groups, batched or not, through each op that reaches it, the result's sizes,
+// strides and dtype are those of the real op on zeros; where the formula does not apply it
+// gives nullopt.
+TEST(Capture, ConvolutionResultsOnMetaTensorsAreTheRealOnes) {
+  std::mt19937 rng(71);
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  auto meta = [](const at::Tensor& t) {
+    return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
+  };
+  int computed = 0;
+  for (int round = 0; round < 400; ++round) {
+    const int spatial = pick(1, 3);
+    const bool transposed = pick(0, 2) == 0;
+    const int groups = pick(0, 2) == 0 ? pick(1, 3) : 1;
+    const int64_t cin = groups * pick(1, 3), cout = groups * pick(1, 3);
+    const bool batched = pick(0, 3) != 0;
+    std::vector<int64_t> xs, ws;
+    if (batched) xs.push_back(pick(1, 3));
+    xs.push_back(cin);
+    ws = transposed ? std::vector<int64_t>{cin, cout / groups} : std::vector<int64_t>{cout, cin / groups};
+    std::vector<int64_t> stride, padding, dilation, output_padding;
+    for (int d = 0; d < spatial; ++d) {
+      xs.push_back(pick(1, 9));
+      ws.push_back(pick(1, 3));
+      stride.push_back(pick(1, 3));
+      padding.push_back(pick(0, 2));
+      dilation.push_back(pick(1, 2));
+      output_padding.push_back(pick(0, static_cast<int>(std::max(stride.back(), dilation.back()) - 1)));
+    }
+    const at::Tensor x = at::zeros(xs), w = at::zeros(ws);
+    const at::Tensor b = pick(0, 1) ? at::zeros({cout}) : at::Tensor();
+    const int form = pick(0, 2);  // 0: convolution, 1: convN d / conv_transposeN d, 2: padding string
+    std::string name;
+    std::vector<c10::IValue> args;
+    if (!batched && form == 0) continue;  // aten::convolution takes batched inputs only
+    const std::string n = std::to_string(spatial) + "d";
+    std::string overload;
+    if (form == 0) {
+      name = "aten::convolution";
+      args = {x, w, b, stride, padding, dilation, transposed, output_padding, int64_t(groups)};
+    } else if (transposed) {
+      name = "aten::conv_transpose" + n;
+      overload = "input";
+      args = {x, w, b, stride, padding, output_padding, int64_t(groups), dilation};
+    } else if (form == 1) {
+      name = "aten::conv" + n;
+      args = {x, w, b, stride, padding, dilation, int64_t(groups)};
+    } else {
+      name = "aten::conv" + n;
+      overload = "padding";
+      const bool same = pick(0, 1);
+      if (same) stride.assign(spatial, 1);
+      args = {x, w, b, stride, std::string(same ? "same" : "valid"), dilation, int64_t(groups)};
+    }
+    auto found = c10::Dispatcher::singleton().findSchema({name, overload});
+    if (!found && overload == "input") found = c10::Dispatcher::singleton().findSchema({name, ""});  // conv_transpose1d
+    ASSERT_TRUE(found.has_value()) << name << "." << overload;
+    const c10::OperatorHandle& op = *found;
+    std::optional<at::Tensor> expected;
+    try {
+      torch::jit::Stack stack(args.begin(), args.end());
+      op.callBoxed(&stack);
+      expected = stack.back().toTensor();
+    } catch (const c10::Error&) {
+    }
+    std::vector<c10::IValue> on_meta;
+    for (const c10::IValue& a : args) on_meta.push_back(a.isTensor() && a.toTensor().defined() ? meta(a.toTensor()) : a);
+    const std::optional<at::Tensor> got = torchcompile::capture::convolution_on_meta(op, on_meta);
+    const std::string what = name + " " + c10::str(at::IntArrayRef(xs)) + " * " + c10::str(at::IntArrayRef(ws)) +
+                             " stride " + c10::str(at::IntArrayRef(stride)) + " padding " + c10::str(at::IntArrayRef(padding)) +
+                             " dilation " + c10::str(at::IntArrayRef(dilation)) + " groups " + std::to_string(groups);
+    if (!got) continue;
+    ++computed;
+    ASSERT_TRUE(expected.has_value()) << what << ": the op throws, the formula gave " << got->sizes();
+    EXPECT_TRUE(got->is_meta()) << what;
+    EXPECT_EQ(got->sizes(), expected->sizes()) << what;
+    EXPECT_EQ(got->strides(), expected->strides()) << what;
+    EXPECT_EQ(got->scalar_type(), expected->scalar_type()) << what;
+  }
+  EXPECT_GT(computed, 150);
+}
