@@ -1358,3 +1358,31 @@ TEST(OneDnnBackend, ProgramsForManySizesShareBuffersFromFourThreads) {
   }
   expect_four_threads_match(fast, inputs, expected);
 }
+
+// Both programs of a graph with run-time rows (the example sizes' and every other size's) read the
+// weights live: after in-place updates and after an optimizer step (through `.data()`, seen by the
+// gradients' state; docs/limitations.md), calls at the example size and at other sizes match
+// eager.
+TEST(OneDnnBackend, GemmsWithRunTimeRowsFollowWeightUpdates) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(65);
+  torch::nn::Sequential net(torch::nn::Linear(16, 32), torch::nn::ReLU(), torch::nn::Linear(32, 8));
+  net->eval();
+  auto fast = torch::compile(net, torchcompile::CompileOptions("onednn").with_dynamic(true));
+  auto check = [&](const char* when) {
+    for (int64_t rows : {5, 9, 5, 13}) {
+      torch::Tensor x = torch::randn({rows, 16});
+      EXPECT_TRUE(tc_test::tensors_close(net->forward(x), fast(x), kRtol, kAtol)) << when << ", rows " << rows;
+    }
+  };
+  check("before");
+  for (auto& p : net->parameters()) p.mul_(-0.5);
+  check("after in-place updates");
+  {
+    torch::AutoGradMode grad(true);
+    torch::optim::SGD sgd(net->parameters(), 0.1);
+    net->forward(torch::randn({7, 16})).pow(2).sum().backward();
+    sgd.step();
+  }
+  check("after an optimizer step");
+}
