@@ -81,8 +81,8 @@ struct Compiled {
   size_t aten_ops = 0;
   /// The NaN / infinity scan the graph's steps run (scan_isa() when it was compiled).
   std::string scan_isa;
-  /// The implementation oneDNN chose for each primitive, in graph order ("brg:avx512_core",
-  /// "gemm:jit", "jit:avx2", ...).
+  /// The implementation oneDNN chose for each GEMM (matmul) primitive, in graph order
+  /// ("brg:avx512_core", "gemm:jit", ...); other primitives are not listed.
   std::vector<std::string> impls;
   /// compile_rows(): the GEMMs whose number of rows is given at each call.
   size_t rows_gemms = 0;

@@ -388,7 +388,7 @@ class Compiler {
   std::unordered_set<const Node*> group_nodes() const;
   size_t blocked_values() const { return blocked_values_; }
   size_t winograd_convs() const { return winograd_convs_; }
-  /// The implementation oneDNN chose for each primitive, in emission order.
+  /// The implementation oneDNN chose for each GEMM (matmul) primitive, in emission order.
   const std::vector<std::string>& impls() const { return impls_; }
 
   /// Builds one program for every value of the graph's size symbols (call before match()): each

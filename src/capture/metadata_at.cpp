@@ -140,21 +140,22 @@ std::optional<at::Tensor> convolution_on_meta(const c10::OperatorHandle& op, con
     const int64_t size = x.size(lead + d), k = weight.size(2 + d);
     const int64_t s = (*stride)[d], dil = (*dilation)[d];
     if (s < 1 || dil < 1) return std::nullopt;
+    if (size <= 0) return std::nullopt;
     int64_t out;
     if (same) {
       if (transposed || s != 1) return std::nullopt;
       out = size;
     } else if (!transposed) {
-      out = (size + 2 * (*padding)[d] - dil * (k - 1) - 1) / s + 1;
-      if (size + 2 * (*padding)[d] - dil * (k - 1) - 1 < 0) return std::nullopt;  // the op throws
+      const int64_t span = size + 2 * (*padding)[d] - dil * (k - 1) - 1;
+      if (span < 0) return std::nullopt;  // the op throws
+      out = span / s + 1;
     } else {
       out = (size - 1) * s - 2 * (*padding)[d] + dil * (k - 1) + (*output_padding)[d] + 1;
     }
-    if (out <= 0 || size <= 0) return std::nullopt;
     sizes.push_back(out);
   }
   for (int64_t v : sizes)
-    if (v <= 0) return std::nullopt;  // empty tensors: the op decides
+    if (v <= 0) return std::nullopt;  // empty or negative sizes: the op decides
   return at::empty(sizes, x.options().device(c10::kMeta));
 }
 
