@@ -17,6 +17,7 @@ packages=(
   libbenchmark-dev
   libopenblas0-openmp   # BLAS/LAPACK sharing LibTorch's OpenMP runtime
   python3
+  python3-torch         # PyTorch 1.13.1 for Python: scripts and saves the TorchScript test models
 )
 
 missing=()

@@ -82,6 +82,10 @@ std::shared_ptr<PackedHolder> pack_conv(const Group& g, const md_t& packed_md, c
   std::vector<const at::Tensor*> sources{g.weight_attr};
   for (const at::Tensor* t : {g.conv_bias_attr, fbn.weight, fbn.bias, fbn.running_mean, fbn.running_var})
     if (t) sources.push_back(t);
+  // The running statistics (the last two sources with a BatchNorm) change without a version bump
+  // when the module runs in training mode (record_sources).
+  std::vector<bool> unversioned(sources.size(), false);
+  if (g.bn) unversioned[sources.size() - 1] = unversioned[sources.size() - 2] = true;
   const at::Tensor *wt = g.weight_attr, *bt = g.conv_bias_attr;
   const std::optional<FoldedBatchNorm> bn = g.bn;
   const int64_t G = g.groups;
@@ -95,7 +99,7 @@ std::shared_ptr<PackedHolder> pack_conv(const Group& g, const md_t& packed_md, c
   }
   return std::make_shared<PackedHolder>(sources, [=]() {
     auto p = std::make_shared<Packed>();
-    record_sources(*p, sources);
+    record_sources(*p, sources, unversioned);
     at::NoGradGuard no_grad;
     // (OC, IC, KH, KW): a transposed convolution's weight is (IC, OC, KH, KW); oneDNN's
     // deconvolution takes it with the channels swapped, not flipped.

@@ -77,12 +77,13 @@ const at::Tensor& grad_of(const at::Tensor& t) { return t.unsafeGetTensorImpl()-
 
 }  // namespace
 
-void record_sources(Packed& p, const std::vector<const at::Tensor*>& sources) {
+void record_sources(Packed& p, const std::vector<const at::Tensor*>& sources, const std::vector<bool>& unversioned) {
   p.impls.clear();
   p.versions.clear();
   p.grad_impls.clear();
   p.grad_versions.clear();
   p.snapshots.clear();
+  p.snapshot_of.clear();
   bool any_grad = false;
   for (const at::Tensor* s : sources) {
     p.impls.push_back(s->unsafeGetTensorImpl());
@@ -92,9 +93,11 @@ void record_sources(Packed& p, const std::vector<const at::Tensor*>& sources) {
     p.grad_versions.push_back(g.defined() && !g.is_inference() ? g._version() : 0);
     any_grad |= g.defined();
   }
-  if (any_grad) {
-    at::NoGradGuard no_grad;
-    for (const at::Tensor* s : sources) p.snapshots.push_back(s->detach().clone(at::MemoryFormat::Contiguous));
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    if (!any_grad && !(i < unversioned.size() && unversioned[i])) continue;
+    p.snapshots.push_back(sources[i]->detach().clone(at::MemoryFormat::Contiguous));
+    p.snapshot_of.push_back(i);
   }
 }
 
@@ -108,10 +111,11 @@ bool PackedHolder::valid(const Packed& p) const {
       if (g.defined() && !g.is_inference() && g._version() != p.grad_versions[i]) return false;
     }
   }
-  // Sources with gradients: compare contents (optimizer steps write through `.data()`).
-  for (size_t i = 0; i < p.snapshots.size(); ++i) {
-    const at::Tensor& s = *sources_[i];
-    const at::Tensor& snap = p.snapshots[i];
+  // Sources with gradients (optimizer steps write through `.data()`) and unversioned ones:
+  // compare contents.
+  for (size_t k = 0; k < p.snapshots.size(); ++k) {
+    const at::Tensor& s = *sources_[p.snapshot_of[k]];
+    const at::Tensor& snap = p.snapshots[k];
     if (s.is_contiguous()) {
       if (std::memcmp(s.data_ptr(), snap.data_ptr(), snap.nbytes()) != 0) return false;
     } else {

@@ -65,7 +65,11 @@ struct Packed {
   std::vector<int64_t> versions;
   std::vector<const c10::TensorImpl*> grad_impls;
   std::vector<int64_t> grad_versions;
-  std::vector<at::Tensor> snapshots;  // empty unless a source had a gradient when packing
+  // Copies of sources whose contents are compared at each call, with their indices: every
+  // source while any had a gradient when packing, else only those LibTorch may write without a
+  // version bump (record_sources' `unversioned`).
+  std::vector<at::Tensor> snapshots;
+  std::vector<size_t> snapshot_of;
   at::Tensor weight;  // bytes, in the primitive's weights layout
   at::Tensor bias;    // fp32 (convolutions), may be undefined
   bool nonfinite = false;  // the packed weight or bias holds a NaN or an infinity
@@ -102,7 +106,11 @@ class PackedHolder {
 };
 
 /// Records the sources' identities and versions into `p` (call before reading their data).
-void record_sources(Packed& p, const std::vector<const at::Tensor*>& sources);
+/// `unversioned` (by index, may be shorter than `sources`) marks sources that can change without
+/// a version bump, whose contents are compared at each call: a BatchNorm's running statistics,
+/// which LibTorch 1.13's `native_batch_norm` updates in training mode without declaring them
+/// written (its schema has no `Tensor(a!)` there; 2.x's `_native_batch_norm_legit` does).
+void record_sources(Packed& p, const std::vector<const at::Tensor*>& sources, const std::vector<bool>& unversioned = {});
 
 /// Reorders the data at `from` (layout `from_md`) into `to` (layout `to_md`) now, on a stream of
 /// its own: how weights are packed.

@@ -30,6 +30,7 @@
 #include <torchcompile/frontend/compiled.h>        // torch::compile, Compiled, torchcompile::call
 #include <torchcompile/frontend/explain.h>         // explain
 #include <torchcompile/frontend/fields.h>          // Fields, TORCHCOMPILE_FIELDS
+#include <torchcompile/frontend/script_module.h>   // compiling TorchScript modules, compile_method
 #include <torchcompile/hooks/hooks.h>              // module hooks and state_dict hooks
 #include <torchcompile/ir/callable.h>              // user functions as node targets, register_callable
 #include <torchcompile/ir/graph_module.h>          // GraphModule, what backends receive

@@ -1,6 +1,7 @@
 #include "runtime/guards.h"
 
 #include "hooks/hooks_internal.h"
+#include "runtime/module_registries.h"
 #include "runtime/dynamic_entry.h"
 
 #include <torchcompile/compat.h>
@@ -24,54 +25,6 @@
 namespace torchcompile::runtime {
 
 namespace {
-
-// ---- reading a module's registries without copying them ------------------------------------
-//
-// torch::nn::Module keeps its registered parameters in `parameters_` (protected), and its
-// buffers and submodules in `buffers_` and `children_` (private). The public accessors
-// (named_parameters(), buffers(false), children(), ...) build a new vector or OrderedDict with
-// string keys on every call: far too slow for check(). We read the members themselves, through
-// member pointers obtained once, with two standard (if little-known) C++ idioms:
-//
-//  - `parameters_` is protected: a derived class may form a pointer to it by naming it through
-//    itself ([class.protected]: "if the access is to form a pointer to member, the
-//    nested-name-specifier shall denote C or a class derived from C"). The type of
-//    `&ParametersAccess::parameters_` is `OrderedDict Module::*` (the member belongs to Module),
-//    and applying a member pointer to a `const Module&` (`m.*p`) is not access-checked.
-//  - `buffers_` and `children_` are private: names used in an explicit instantiation are exempt
-//    from access checking ([temp.explicit]/12 in C++17, [temp.spec.general]/6 in C++20), so
-//    `template struct Grab<BuffersTag, &Module::buffers_>;` may name the member; the
-//    instantiation defines the friend function `get(BuffersTag)` that returns the pointer.
-//
-// Neither depends on the object layout or invokes undefined behaviour; if a future LibTorch
-// renames or retypes the members, this fails to compile (it does not misbehave). The members are
-// the same in LibTorch 1.13 and 2.x. We only read them.
-
-using TensorDict = torch::OrderedDict<std::string, at::Tensor>;
-using ModuleDict = torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>>;
-
-struct ParametersAccess : torch::nn::Module {
-  static TensorDict torch::nn::Module::*member() { return &ParametersAccess::parameters_; }
-};
-
-template <typename Tag, typename Tag::type Member>
-struct Grab {
-  friend typename Tag::type get(Tag) { return Member; }
-};
-struct BuffersTag {
-  using type = TensorDict torch::nn::Module::*;
-  friend type get(BuffersTag);
-};
-struct ChildrenTag {
-  using type = ModuleDict torch::nn::Module::*;
-  friend type get(ChildrenTag);
-};
-template struct Grab<BuffersTag, &torch::nn::Module::buffers_>;
-template struct Grab<ChildrenTag, &torch::nn::Module::children_>;
-
-inline const TensorDict& registered_parameters(const torch::nn::Module& m) { return m.*ParametersAccess::member(); }
-inline const TensorDict& registered_buffers(const torch::nn::Module& m) { return m.*get(BuffersTag{}); }
-inline const ModuleDict& registered_children(const torch::nn::Module& m) { return m.*get(ChildrenTag{}); }
 
 // ---- formatting --------------------------------------------------------------------------
 

@@ -273,8 +273,7 @@ std::vector<at::Tensor> CompiledFunction::retrace_branch(const CompiledEntry& en
       Segment* known = bp.find(records[i].branch->key);
       if (known == nullptr && !records[i + 1].branch) {
         for (const auto& c : bp.children)
-          if (!c->branch && same_segment(*c, records[i + 1], key_of_next) && c->spec.undefined == spec.undefined &&
-              c->spec.list_sizes == spec.list_sizes)
+          if (!c->branch && same_segment(*c, records[i + 1], key_of_next) && c->spec.same_shape(spec))
             known = c.get();
         if (known != nullptr) bp.remember(records[i].branch->key, known);
       }

@@ -275,6 +275,42 @@ TEST(OneDnnBackend, TrainingModeBatchNormIsNotFolded) {
   EXPECT_EQ(r.fused(), std::vector<std::string>{"conv+bias"});
 }
 
+// Evaluation, then training (which updates the running statistics; LibTorch 1.13's batch_norm
+// does so without bumping their versions, eagerly or compiled), then evaluation again: the
+// evaluation program's folded BatchNorm follows the new statistics. Under `onednn` and `default`,
+// with the training calls compiled and run eagerly.
+TEST(OneDnnBackend, FoldedBatchNormFollowsStatisticsUpdatedInTraining) {
+  torch::NoGradGuard no_grad;
+  for (const std::string backend : {"onednn", "default"}) {
+    for (bool train_compiled : {true, false}) {
+      SCOPED_TRACE(backend + (train_compiled ? ", training compiled" : ", training eager"));
+      torch::manual_seed(11);
+      auto make = [] {
+        return torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 8, 3).padding(1)),
+                                     torch::nn::BatchNorm2d(8), torch::nn::ReLU());
+      };
+      auto net = make();
+      auto ref = make();
+      for (size_t i = 0; i < net->parameters().size(); ++i) ref->parameters()[i].copy_(net->parameters()[i]);
+      net->eval();
+      ref->eval();
+      auto fast = torch::compile(net, backend);
+      auto x = torch::randn({2, 3, 12, 12});
+      EXPECT_TRUE(tc_test::tensors_close(ref->forward(x), tc_test::second_call(fast, x), kRtol, kAtol));
+      net->train();
+      ref->train();
+      for (int i = 0; i < 2; ++i) {
+        auto y = torch::randn({4, 3, 12, 12}) * 2 + 1;
+        auto expected = ref->forward(y);
+        EXPECT_TRUE(tc_test::tensors_close(expected, train_compiled ? fast(y) : net->forward(y), kRtol, kAtol));
+      }
+      net->eval();
+      ref->eval();
+      EXPECT_TRUE(tc_test::tensors_close(ref->forward(x), fast(x), kRtol, kAtol));
+    }
+  }
+}
+
 TEST(OneDnnBackend, ConvResidualAddReluFuses) {
   torch::NoGradGuard no_grad;
   torch::manual_seed(10);

@@ -31,10 +31,12 @@ struct is_module_ptr : std::false_type {};
 template <typename M>
 struct is_module_ptr<std::shared_ptr<M>> : std::is_base_of<torch::nn::Module, M> {};
 
+// A TorchScript module (torch::jit::Module, frontend/script_module.h) is module-like too: it
+// is compiled by its own overload, never as a function object.
 template <typename T>
 inline constexpr bool is_module_like_v =
     is_module_holder<T>::value || is_module_ptr<T>::value || std::is_base_of_v<torch::nn::Module, T> ||
-    std::is_base_of_v<torch::detail::ModuleHolderIndicator, T>;
+    std::is_base_of_v<torch::detail::ModuleHolderIndicator, T> || std::is_base_of_v<torch::jit::Object, T>;
 
 }  // namespace detail
 

@@ -7,6 +7,7 @@
 #include <torchcompile/compile/compile_report.h>
 #include <torchcompile/runtime/compile_options.h>
 
+#include <ATen/core/ivalue.h>
 #include <c10/util/SmallVector.h>
 
 #include <atomic>
@@ -56,6 +57,11 @@ struct OutputSpec {
   std::vector<size_t> list_sizes;
   /// Positions of undefined tensors in the flattened result (they are not graph outputs).
   std::vector<size_t> undefined;
+  /// The result of a TorchScript method (frontend/script_module.h) with every tensor in it
+  /// undefined: the flattened outputs are those tensors, in order. None for C++ forwards.
+  c10::IValue structure;
+  /// Whether two results have the same shape (lists, undefined tensors, structure).
+  bool same_shape(const OutputSpec& o) const;
 };
 
 class GuardSet;
