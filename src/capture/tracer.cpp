@@ -15,6 +15,7 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
+#include "capture/fast_path_ops.h"
 #include "capture/metadata_at.h"
 #include "capture/observed.h"
 #include "capture/segment_records.h"
@@ -970,6 +971,9 @@ void tracing_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     redispatch_below_tracer(key, op, ks, stack);
     return;
   }
+  // A fast-path operator is traced as the operators it is made of, as if the forward had
+  // called them (their size reads and results observed as the forward's own).
+  if (Level == TraceLevel::AboveAutograd && decompose_fast_path_op(op, stack)) return;
   TracerAccess::Impl& impl = TracerAccess::impl(*tracer);
   const auto& schema = op.schema();
   // What the tracer and the kernels read here is not host code reading data.

@@ -27,6 +27,17 @@
 //             layers real C++ programs use (see their definitions below): a DCGAN generator
 //             (ConvTranspose2d), an MNIST CNN (max pooling, dropout), an LSTM language model and a
 //             bidirectional LSTM and a batch-first bidirectional GRU classifier; eval()
+//   TS-CNN, TS-Encoder, TS-LSTM, TS-Branch, TS-Method
+//             TorchScript archives scripted and saved by Python's torch
+//             (scripts/make_torchscript_models.py, made at build time), loaded with
+//             torch::jit::load, eval(): a ResNet-style CNN on (8,3,64,64), a 2-layer transformer
+//             encoder (128 features) with a key padding mask on tokens (8,64), an LSTM classifier
+//             whose scripted forward loops over 32 time steps (batch 16), an MLP branching on its
+//             data, a model calling a submodule's exported method. For these rows eager is the
+//             module's own forward (TorchScript's interpreter), and the `torchscript` mode is the
+//             archive frozen and optimized by TorchScript itself (torch::jit::freeze, then
+//             torch::jit::optimize_for_inference), what a TorchScript user would deploy; the
+//             other modes torch::compile the loaded module.
 // Inference rows run under torch::NoGradGuard. A training step sets every gradient to none
 // (PyTorch 2's zero_grad default), runs the compiled (or eager) forward including the loss, and
 // calls backward() on the loss: for the compiled modes the loss is part of the compiled module.
@@ -64,6 +75,7 @@
 
 #include <benchmark/benchmark.h>
 #include <c10/core/CPUAllocator.h>
+#include <torch/script.h>
 #include <torch/torch.h>
 #include <torch/version.h>
 #include <torchcompile/compat.h>
@@ -335,6 +347,28 @@ Instance function_instance(F fn, In... inputs) {
   return inst;
 }
 
+/// A row whose model is a TorchScript archive (scripts/make_torchscript_models.py) called with
+/// `inputs`; its first result tensor (a tuple's first element) is the row's output.
+Instance script_instance(const std::string& archive, std::vector<c10::IValue> inputs) {
+  torch::jit::Module m = torch::jit::load(std::string(TORCHCOMPILE_TORCHSCRIPT_MODELS) + "/" + archive + ".pt");
+  m.eval();
+  auto first = [](const c10::IValue& v) { return v.isTuple() ? v.toTupleRef().elements()[0].toTensor() : v.toTensor(); };
+  Instance inst;
+  inst.eager.call = [m, inputs, first]() mutable { return first(m.forward(inputs)); };
+  inst.traced_rows = inputs[0].toTensor().size(0);
+  inst.compile = [m, inputs, first](const std::string& backend, bool dynamic) {
+    if (backend == "torchscript") {
+      torch::jit::Module frozen = torch::jit::freeze(m.clone());
+      frozen = torch::jit::optimize_for_inference(frozen);
+      return Runner{[frozen, inputs, first]() mutable { return first(frozen.forward(inputs)); },
+                    [] { return CompileInfo{1, 1, 0, ""}; }, {}};
+    }
+    auto c = torch::compile(m, torchcompile::CompileOptions(backend).with_dynamic(dynamic));
+    return Runner{[c, inputs, first]() { return first(c.forward(inputs)); }, info_of(c), {}};
+  };
+  return inst;
+}
+
 struct Row {
   std::string id;     ///< benchmark name prefix and table key
   std::string label;  ///< table label
@@ -427,6 +461,19 @@ const std::vector<Row>& rows() {
          m->eval();
          return module_instance(m, false, torch::randint(0, 10000, {16, 32}, torch::kLong));
        }},
+      {"TS-CNN", "TorchScript ResNet-style CNN (8,3,64,64)", false,
+       [] { return script_instance("cnn", {torch::randn({8, 3, 64, 64})}); }},
+      {"TS-Encoder", "TorchScript encoder, padding mask (8,64)", false,
+       [] {
+         auto lengths = torch::randint(16, 65, {8, 1});
+         return script_instance("encoder", {torch::randint(0, 1000, {8, 64}), torch::arange(64).unsqueeze(0).ge(lengths)});
+       }},
+      {"TS-LSTM", "TorchScript LSTM loop (32,16,32)", false,
+       [] { return script_instance("lstm", {torch::randn({32, 16, 32})}); }},
+      {"TS-Branch", "TorchScript MLP, branch on data (8,16)", false,
+       [] { return script_instance("branchy_mlp", {torch::randn({8, 16})}); }},
+      {"TS-Method", "TorchScript submodule method (8,16)", false,
+       [] { return script_instance("submethod", {torch::randn({8, 16})}); }},
   };
   return rs;
 }
@@ -1023,6 +1070,25 @@ std::string report(Results& res) {
     os << ".\nM8 per call: eager " << ms(eager_ms(res, m8) * 1e3) << " µs";
     for (const char* mode : {"fused", "default"}) os << ", `" << mode << "` " << ms(cell_ms(res, m8, mode_index(mode)) * 1e3) << " µs";
     os << ".\n";
+  }
+  // TorchScript archives: torch::compile against the module as TorchScript would deploy it.
+  {
+    std::ostringstream ts;
+    for (size_t r = 0; r < rows().size(); ++r) {
+      if (rows()[r].id.rfind("TS-", 0) != 0) continue;
+      const double interp = eager_ms(res, r), frozen = cell_ms(res, r, mode_index("torchscript"));
+      ts << "| " << rows()[r].label << " | " << ms(interp) << " | " << ms(frozen);
+      for (const char* mode : {"onednn", "default"}) {
+        const double v = cell_ms(res, r, mode_index(mode));
+        ts << " | " << ms(v) << " (" << speed(frozen / v) << ")";
+      }
+      ts << " |\n";
+    }
+    if (!ts.str().empty())
+      os << "\n## TorchScript archives: torch::compile over the archive frozen and optimized by TorchScript "
+            "(`torch::jit::freeze` + `optimize_for_inference`), ms (speedup over frozen), same run\n\n"
+            "| model | interpreter (eager) | frozen + optimized | onednn | default |\n|---|---:|---:|---:|---:|\n"
+         << ts.str();
   }
   os << "\n## Dynamic shapes: a dynamic entry (`dynamic = true`) vs a static one, per call at the traced size\n\n"
      << dynamic_table(res);

@@ -335,3 +335,72 @@ TEST(Capture, ConvolutionResultsOnMetaTensorsAreTheRealOnes) {
   }
   EXPECT_GT(computed, 150);
 }
+
+// PyTorch's fast-path encoder layer (`aten::_transformer_encoder_layer_fwd`, what scripted
+// nn.TransformerEncoderLayer calls in eval mode) is traced as the operators it runs: random
+// layers (post- and pre-norm, relu and gelu, key padding masks, attention masks, none, sizes),
+// compiled by `eager` and `default`, statically and with size symbols, give the operator's own
+// result on every call, and the graph holds its linear layers instead of the operator.
+TEST(Tracer, FastPathEncoderLayersAreTracedAsTheirOperators) {
+  torch::NoGradGuard no_grad;
+  std::mt19937 rng(20261128);
+  auto pick = [&](int n) { return static_cast<int>(rng() % n); };
+  for (int trial = 0; trial < 24; ++trial) {
+    torch::manual_seed(trial);
+    const int64_t H = std::vector<int64_t>{1, 2, 4}[pick(3)], E = H * (8 + 8 * pick(3)), F = 2 * E + 16 * pick(2);
+    const bool gelu = pick(2), norm_first = pick(2);
+    // 0: attention mask (T, T), which LibTorch 1.13's kernel rejects unless T is the batch size
+    // (left to the operator, which must throw in the trace as it does eagerly); 1: key padding
+    // mask (B, T); 2: none.
+    const int mask_kind = pick(3);
+    const double eps = pick(2) ? 1e-5 : 1e-6;
+    std::vector<at::Tensor> w = {torch::randn({3 * E, E}) * 0.2, torch::randn({3 * E}) * 0.1, torch::randn({E, E}) * 0.2,
+                                 torch::randn({E}) * 0.1,       torch::rand({E}) + 0.5,       torch::randn({E}) * 0.1,
+                                 torch::rand({E}) + 0.5,        torch::randn({E}) * 0.1,      torch::randn({F, E}) * 0.2,
+                                 torch::randn({F}) * 0.1,       torch::randn({E, F}) * 0.2,   torch::randn({E}) * 0.1};
+    auto layer = [=](const at::Tensor& x, const at::Tensor& mask) {
+      c10::optional<at::Tensor> m;
+      c10::optional<int64_t> type;
+      if (mask_kind != 2) m = mask, type = mask_kind;
+      return at::_transformer_encoder_layer_fwd(x, E, H, w[0], w[1], w[2], w[3], gelu, norm_first, eps, w[4], w[5], w[6],
+                                                w[7], w[8], w[9], w[10], w[11], m, type);
+    };
+    auto inputs = [&](int64_t B, int64_t T) {
+      at::Tensor x = torch::randn({B, T, E});
+      at::Tensor mask = mask_kind == 0 ? torch::ones({T, T}, torch::kBool).triu(1)  // causal
+                                       : torch::arange(T).unsqueeze(0).ge(torch::randint(1, T + 1, {B, 1}));
+      return std::pair{x, mask};
+    };
+    const std::string what = "E " + std::to_string(E) + " H " + std::to_string(H) + " F " + std::to_string(F) +
+                             (gelu ? " gelu" : " relu") + (norm_first ? " norm_first" : "") + " mask " +
+                             std::to_string(mask_kind);
+    for (const char* backend : {"eager", "default"}) {
+      for (bool dynamic : {false, true}) {
+        tc_test::CompileCounter cc;  // `eager`: the graphs replayed as they are, and kept to look at
+        torchcompile::CompileOptions options = std::string(backend) == "eager"
+                                                   ? torchcompile::CompileOptions(cc.backend())
+                                                   : torchcompile::CompileOptions("default");
+        auto fast = torch::compile(layer, options.with_dynamic(dynamic));
+        for (auto [B, T] : {std::pair<int64_t, int64_t>{2, 7}, {2, 7}, {3, 5}, {1, 9}, {3, 5}}) {
+          auto [x, mask] = inputs(B, T);
+          at::Tensor expected;
+          const std::string eager_error = tc_test::error_of([&] { expected = layer(x, mask); });
+          if (!eager_error.empty()) {  // the compiled call throws too
+            EXPECT_FALSE(tc_test::error_of([&] { fast(x, mask); }).empty()) << what << ": eager throws " << eager_error;
+            continue;
+          }
+          const at::Tensor got = fast(x, mask);
+          EXPECT_TRUE(tc_test::tensors_close(expected, got, 1e-4, 1e-5))
+              << what << " " << backend << (dynamic ? " dynamic" : "") << " at B " << B << " T " << T;
+        }
+        if (std::string(backend) == "eager" && mask_kind != 0) {
+          ASSERT_FALSE(cc.graphs().empty()) << what;
+          for (const std::string& g : cc.graphs()) {
+            EXPECT_EQ(g.find("_transformer_encoder_layer_fwd"), std::string::npos) << what << "\n" << g;
+            EXPECT_NE(g.find("aten::linear"), std::string::npos) << what << "\n" << g;
+          }
+        }
+      }
+    }
+  }
+}
