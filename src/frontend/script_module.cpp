@@ -101,6 +101,51 @@ c10::IValue deep_copy(const c10::IValue& v) {
   return v;
 }
 
+// How many values `v` holds (containers recursively), counting no further than `limit`.
+size_t count_values(const c10::IValue& v, size_t limit) {
+  size_t n = 1;
+  auto add = [&](const c10::IValue& x) {
+    if (n <= limit) n += count_values(x, limit - n + 1);
+  };
+  if (v.isTuple()) {
+    for (const auto& x : v.toTupleRef().elements()) add(x);
+  } else if (v.isList()) {
+    const c10::List<c10::IValue> l = v.toList();
+    for (size_t i = 0; i < l.size() && n <= limit; ++i) add(l.get(i));
+  } else if (v.isGenericDict()) {
+    const c10::Dict<c10::IValue, c10::IValue> d = v.toGenericDict();
+    for (auto i = d.begin(); i != d.end() && n <= limit; ++i) add(i->key()), add(i->value());
+  }
+  return n;
+}
+
+// What a compiled object remembers of a non-tensor attribute, to notice a change before each
+// call: a value of up to kCompared values (scalars, strings, small lists) by value, as a deep
+// copy; a larger list or dict (a tokenizer's vocabulary) by identity and length, since comparing
+// it element by element at every call would cost more than the call.
+struct Snapshot {
+  static constexpr size_t kCompared = 64;
+  c10::IValue value;  // the deep copy, or the container itself
+  bool by_identity = false;
+  size_t length = 0;
+
+  static Snapshot of(const c10::IValue& v) {
+    Snapshot s;
+    if ((v.isList() || v.isGenericDict()) && count_values(v, kCompared) > kCompared) {
+      s.value = v;
+      s.by_identity = true;
+      s.length = v.isList() ? v.toList().size() : v.toGenericDict().size();
+    } else {
+      s.value = deep_copy(v);
+    }
+    return s;
+  }
+  bool matches(const c10::IValue& v) const {
+    if (!by_identity) return same_value(v, value);
+    return v.is(value) && (v.isList() ? v.toList().size() : v.toGenericDict().size()) == length;
+  }
+};
+
 // ---- arguments --------------------------------------------------------------------------------
 
 // Structure tags of a nested argument (CallArgs items after the arguments' own).
@@ -374,7 +419,7 @@ class ScriptModuleState {
   struct ValueSlot {
     ObjectPtr object;
     size_t slot;
-    c10::IValue value;  // as when compiled (a deep copy)
+    Snapshot value;  // as when compiled
     std::string path;
   };
 
@@ -404,7 +449,7 @@ class ScriptModuleState {
         }
         registered.emplace_back(i, type->is_parameter(i));
       } else {
-        values_.push_back({obj, i, deep_copy(v), qualify(path, name)});
+        values_.push_back({obj, i, Snapshot::of(v), qualify(path, name)});
       }
     }
     // A registry's entries move while it grows: their addresses are taken once it is complete.
@@ -431,7 +476,7 @@ class ScriptModuleState {
       if (!c.parent->getSlot(c.slot).isObject() || c.parent->getSlot(c.slot).toObject().get() != c.child.get())
         return false;
     for (const ValueSlot& v : values_)
-      if (!same_value(v.object->getSlot(v.slot), v.value)) return false;
+      if (!v.value.matches(v.object->getSlot(v.slot))) return false;
     return true;
   }
 
@@ -451,9 +496,9 @@ class ScriptModuleState {
       if (m->training) m->proxy->train(m->object->getSlot(*m->training).toBool());
     std::string changed;
     for (ValueSlot& v : values_) {
-      if (same_value(v.object->getSlot(v.slot), v.value)) continue;
+      if (v.value.matches(v.object->getSlot(v.slot))) continue;
       if (changed.empty()) changed = v.path;
-      v.value = deep_copy(v.object->getSlot(v.slot));
+      v.value = Snapshot::of(v.object->getSlot(v.slot));
     }
     if (!changed.empty()) {
       TORCHCOMPILE_LOG(logging::LogKind::Recompiles, "torch::compile(", name_, "): attribute '", changed,
@@ -469,7 +514,7 @@ class ScriptModuleState {
   // they are dropped.
   void after_method_changed_module() {
     for (ValueSlot& v : values_)
-      if (!same_value(v.object->getSlot(v.slot), v.value)) v.value = deep_copy(v.object->getSlot(v.slot));
+      if (!v.value.matches(v.object->getSlot(v.slot))) v.value = Snapshot::of(v.object->getSlot(v.slot));
     for (const auto& e : state_->entries()) {
       if (e->runs_eagerly()) continue;
       TORCHCOMPILE_LOG(logging::LogKind::Recompiles, "torch::compile(", name_,
@@ -486,7 +531,7 @@ class ScriptModuleState {
       if (tensor_in(t.object->getSlot(t.slot)).unsafeGetTensorImpl() != t.registered->unsafeGetTensorImpl())
         return "assigns a tensor attribute of the TorchScript module";
     for (const ValueSlot& v : values_)
-      if (!same_value(v.object->getSlot(v.slot), v.value)) return "changes attribute '" + v.path + "' of the TorchScript module";
+      if (!v.value.matches(v.object->getSlot(v.slot))) return "changes attribute '" + v.path + "' of the TorchScript module";
     for (const ModuleSlot& m : modules_)
       if (m.object->slots().size() != m.num_slots) return "adds attributes to the TorchScript module";
     return "";

@@ -1,5 +1,6 @@
 # Configure, build and run test_runtime (graph breaks, fuzzing, parity, signatures), test_aot, test_dynamic,
-# test_repro and the onednn backend's tests (test_onednn, backends/onednn/tests/)
+# test_repro, the onednn backend's tests (test_onednn, backends/onednn/tests/), test_frontend (TorchScript
+# modules) and test_capture's fast-path operator test
 # with AddressSanitizer and UndefinedBehaviorSanitizer. Any UB report aborts the run, and the
 # vptr check is off (see TORCHCOMPILE_SANITIZE in the top-level CMakeLists.txt).
 #
@@ -24,7 +25,7 @@ execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${BINARY_DIR} -G ${
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "asan: configure failed")
 endif()
-execute_process(COMMAND ${CMAKE_COMMAND} --build ${BINARY_DIR} --target test_runtime test_aot test_dynamic test_repro test_onednn RESULT_VARIABLE rc)
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${BINARY_DIR} --target test_runtime test_aot test_dynamic test_repro test_onednn test_frontend test_capture RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "asan: build failed")
 endif()
@@ -54,4 +55,13 @@ endif()
 execute_process(COMMAND ${BINARY_DIR}/backends/onednn/test_onednn RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "asan: the onednn tests failed under AddressSanitizer/UBSan (exit ${rc})")
+endif()
+# TorchScript modules, and the fast-path operators traced as their parts.
+execute_process(COMMAND ${BINARY_DIR}/test/test_frontend RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "asan: test_frontend failed under AddressSanitizer/UBSan (exit ${rc})")
+endif()
+execute_process(COMMAND ${BINARY_DIR}/test/test_capture --gtest_filter=Tracer.FastPath* RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "asan: test_capture failed under AddressSanitizer/UBSan (exit ${rc})")
 endif()

@@ -311,6 +311,24 @@ TEST(ScriptModule, AttributeChangesAreSeenAndMethodsThatChangeThemRunEagerly) {
   m.setattr("offsets", c10::List<int64_t>({-1}));
   expect_same(fast.forward(in), m.forward(in), "offsets = [-1]");
 
+  // A large list (a vocabulary) is followed by identity and length: a new list is seen.
+  torch::jit::Module vocab("Vocab");
+  std::vector<std::string> words(100, "w");
+  vocab.register_attribute("words", c10::ListType::ofStrings(), c10::List<std::string>(words));
+  vocab.define(R"(
+    def forward(self, x):
+        return x * float(len(self.words))
+  )");
+  auto with_vocab = torch::compile(vocab, "default");
+  auto v = torch::randn({3});
+  expect_same(with_vocab(v), vocab.forward({v}), "100 words");
+  expect_same(with_vocab(v), vocab.forward({v}), "100 words, again");
+  words.push_back("x");
+  vocab.setattr("words", c10::List<std::string>(words));
+  expect_same(with_vocab(v), vocab.forward({v}), "101 words");
+  vocab.attr("words").toList().push_back("y");  // grown in place
+  expect_same(with_vocab(v), vocab.forward({v}), "102 words");
+
   torch::jit::Module counter("Counter");
   counter.register_attribute("calls", c10::IntType::get(), 0);
   counter.register_buffer("last", torch::zeros({2}));
