@@ -18,6 +18,7 @@
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/nn/module.h>
 
+#include <functional>
 #include <shared_mutex>
 #include <sstream>
 
@@ -223,26 +224,26 @@ runtime::CallArgs encode_args(const std::vector<c10::IValue>& inputs, const std:
   return ca;
 }
 
-// `v` with its defined tensors replaced, in order, by `ts[k...]` (new containers; `v` unchanged).
-c10::IValue substitute(const c10::IValue& v, const std::vector<at::Tensor>& ts, size_t& k) {
-  if (v.isTensor()) return v.toTensor().defined() ? c10::IValue(ts.at(k++)) : v;
+// `v` with every tensor replaced by `f(tensor)` (new containers, dict keys included; `v` unchanged).
+c10::IValue map_tensors(const c10::IValue& v, const std::function<at::Tensor(const at::Tensor&)>& f) {
+  if (v.isTensor()) return f(v.toTensor());
   if (v.isTuple()) {
     std::vector<c10::IValue> e;
-    for (const auto& x : v.toTupleRef().elements()) e.push_back(substitute(x, ts, k));
+    for (const auto& x : v.toTupleRef().elements()) e.push_back(map_tensors(x, f));
     return c10::ivalue::Tuple::create(std::move(e));
   }
   if (v.isList()) {
     const c10::List<c10::IValue> l = v.toList();
     c10::impl::GenericList out(l.elementType());
-    for (size_t i = 0; i < l.size(); ++i) out.push_back(substitute(l.get(i), ts, k));
+    for (size_t i = 0; i < l.size(); ++i) out.push_back(map_tensors(l.get(i), f));
     return out;
   }
   if (v.isGenericDict()) {
     const c10::Dict<c10::IValue, c10::IValue> d = v.toGenericDict();
     c10::impl::GenericDict out(d.keyType(), d.valueType());
     for (auto i = d.begin(); i != d.end(); ++i) {
-      c10::IValue key = substitute(i->key(), ts, k);
-      out.insert(std::move(key), substitute(i->value(), ts, k));
+      c10::IValue key = map_tensors(i->key(), f);
+      out.insert(std::move(key), map_tensors(i->value(), f));
     }
     return out;
   }
@@ -272,11 +273,14 @@ c10::IValue flatten_result(const c10::IValue& v, std::vector<at::Tensor>& out, s
   }
   if (v.isGenericDict()) {
     const c10::Dict<c10::IValue, c10::IValue> d = v.toGenericDict();
-    c10::impl::GenericDict s(d.keyType(), d.valueType());
-    for (auto i = d.begin(); i != d.end(); ++i) {
-      c10::IValue key = flatten_result(i->key(), out, unsupported);
-      s.insert(std::move(key), flatten_result(i->value(), out, unsupported));
+    // Tensor keys are tensors' identities: the structure cannot hold them (and a dict keyed by
+    // graph outputs would have to be rebuilt by identity).
+    if (d.keyType()->kind() == c10::TypeKind::TensorType) {
+      if (unsupported.empty()) unsupported = "the method returns a dict keyed by tensors";
+      return c10::IValue();
     }
+    c10::impl::GenericDict s(d.keyType(), d.valueType());
+    for (auto i = d.begin(); i != d.end(); ++i) s.insert(i->key(), flatten_result(i->value(), out, unsupported));
     return s;
   }
   if (unsupported.empty()) unsupported = std::string("the method returns a ") + v.tagKind();
@@ -300,10 +304,7 @@ c10::IValue rebuild_result(const c10::IValue& s, const std::vector<at::Tensor>& 
   if (s.isGenericDict()) {
     const c10::Dict<c10::IValue, c10::IValue> d = s.toGenericDict();
     c10::impl::GenericDict out(d.keyType(), d.valueType());
-    for (auto i = d.begin(); i != d.end(); ++i) {
-      c10::IValue key = rebuild_result(i->key(), flat, k);
-      out.insert(std::move(key), rebuild_result(i->value(), flat, k));
-    }
+    for (auto i = d.begin(); i != d.end(); ++i) out.insert(i->key(), rebuild_result(i->value(), flat, k));
     return out;
   }
   return s;
@@ -350,9 +351,17 @@ class ScriptModuleState {
     bool changed_module = false;         // the method changed the module's attributes
     runtime::ForwardFn forward = [&](runtime::OutputSpec& spec) {
       std::vector<c10::IValue> stack = inputs;
+      // A dynamic trace passes stand-ins for the inputs' tensors (defined ones, in order).
+      std::vector<std::pair<const c10::TensorImpl*, at::Tensor>> stand_ins;  // (stand-in, the input)
       if (const std::vector<at::Tensor>* substituted = runtime::take_substituted_inputs()) {
         size_t k = 0;
-        for (c10::IValue& v : stack) v = substitute(v, *substituted, k);
+        for (c10::IValue& v : stack)
+          v = map_tensors(v, [&](const at::Tensor& t) {
+            if (!t.defined()) return t;
+            const at::Tensor& s = substituted->at(k++);
+            stand_ins.emplace_back(s.unsafeGetTensorImpl(), t);
+            return s;
+          });
       }
       capture::Tracer* tracer = capture::Tracer::current();
       c10::IValue result;
@@ -373,7 +382,12 @@ class ScriptModuleState {
       spec.structure = flatten_result(result, flat, unsupported);
       if (!unsupported.empty()) {
         if (tracer != nullptr) tracer->fail(unsupported, "prim::Return");
-        direct = result;
+        // Returned as it is, with the call's own tensors where the method returns its inputs.
+        direct = stand_ins.empty() ? result : map_tensors(result, [&](const at::Tensor& t) {
+          for (const auto& [stand_in, input] : stand_ins)
+            if (t.defined() && t.unsafeGetTensorImpl() == stand_in) return input;
+          return t;
+        });
         flat.clear();
         spec.structure = c10::IValue();
       }

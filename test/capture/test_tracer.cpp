@@ -368,7 +368,7 @@ TEST(Tracer, FastPathEncoderLayersAreTracedAsTheirOperators) {
     auto inputs = [&](int64_t B, int64_t T) {
       at::Tensor x = torch::randn({B, T, E});
       at::Tensor mask = mask_kind == 0 ? torch::ones({T, T}, torch::kBool).triu(1)  // causal
-                                       : torch::arange(T).unsqueeze(0).ge(torch::randint(1, T + 1, {B, 1}));
+                                       : torch::arange(T).unsqueeze(0).ge(torch::randint(0, T + 1, {B, 1}));  // 0: all padding
       return std::pair{x, mask};
     };
     const std::string what = "E " + std::to_string(E) + " H " + std::to_string(H) + " F " + std::to_string(F) +

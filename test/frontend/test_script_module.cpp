@@ -349,6 +349,33 @@ TEST(ScriptModule, AttributeChangesAreSeenAndMethodsThatChangeThemRunEagerly) {
   EXPECT_NE(entries[0]->eager_reason().find("changes attribute 'calls'"), std::string::npos) << entries[0]->eager_reason();
 }
 
+// A result the graph's outputs cannot rebuild (a dict keyed by tensors: keys are identities)
+// runs the method eagerly, with the reason, and gives its result.
+TEST(ScriptModule, ResultsThatAreNotDataRunEagerly) {
+  torch::NoGradGuard no_grad;
+  torch::jit::Module m("Keyed");
+  m.define(R"(
+    def forward(self, x):
+        d: Dict[Tensor, Tensor] = {}
+        d[x] = x * 2
+        return d
+  )");
+  auto fast = torch::compile(m, "default");
+  for (int i = 0; i < 2; ++i) {
+    auto x = torch::randn({3});
+    IValue out = fast(x);
+    ASSERT_TRUE(out.isGenericDict());
+    auto d = out.toGenericDict();
+    ASSERT_EQ(d.size(), 1u);
+    EXPECT_TRUE(d.begin()->key().toTensor().is_same(x));
+    EXPECT_TRUE(at::allclose(d.begin()->value().toTensor(), x * 2));
+  }
+  auto entries = fast.state().entries();
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_TRUE(entries[0]->runs_eagerly());
+  EXPECT_NE(entries[0]->eager_reason().find("dict keyed by tensors"), std::string::npos) << entries[0]->eager_reason();
+}
+
 // Data-dependent control flow in TorchScript is a graph break, as item() in C++: both sides of
 // the branch are compiled and each call takes the right one.
 TEST(ScriptModule, ScriptedBranchesOnDataAreGraphBreaks) {
