@@ -12,6 +12,7 @@
 #include <torchcompile/capture/tracer.h>
 #include <torchcompile/support/logging.h>
 
+#include "runtime/ivalues.h"
 #include "runtime/module_registries.h"
 
 #include <ATen/core/function_schema.h>
@@ -47,37 +48,9 @@ std::string type_name(const ObjectPtr& obj) {
 
 std::string qualify(const std::string& path, const std::string& name) { return path.empty() ? name : path + "." + name; }
 
-// Whether two attribute values are the same (scalars, strings, lists and tuples of them by
-// value; anything else by identity).
-bool same_value(const c10::IValue& a, const c10::IValue& b) {
-  if (a.tagKind() != b.tagKind()) return false;
-  if (a.isNone()) return true;
-  if (a.isInt() || a.isBool() || a.isString() || a.isDevice()) return a == b;
-  if (a.isDouble()) return a.toDouble() == b.toDouble() || (a.toDouble() != a.toDouble() && b.toDouble() != b.toDouble());
-  if (a.isTuple()) {
-    const auto& x = a.toTupleRef().elements();
-    const auto& y = b.toTupleRef().elements();
-    if (x.size() != y.size()) return false;
-    for (size_t i = 0; i < x.size(); ++i)
-      if (!same_value(x[i], y[i])) return false;
-    return true;
-  }
-  if (a.isList()) {
-    const c10::List<c10::IValue> x = a.toList(), y = b.toList();
-    if (x.size() != y.size()) return false;
-    for (size_t i = 0; i < x.size(); ++i)
-      if (!same_value(x.get(i), y.get(i))) return false;
-    return true;
-  }
-  if (a.isGenericDict()) {
-    const c10::Dict<c10::IValue, c10::IValue> x = a.toGenericDict(), y = b.toGenericDict();
-    if (x.size() != y.size()) return false;
-    for (auto i = x.begin(), j = y.begin(); i != x.end(); ++i, ++j)
-      if (!same_value(i->key(), j->key()) || !same_value(i->value(), j->value())) return false;
-    return true;
-  }
-  return a.is(b);
-}
+// Whether two attribute values are the same (scalars, strings and containers by value, tensors
+// and objects by identity).
+bool same_value(const c10::IValue& a, const c10::IValue& b) { return runtime::same_ivalue(a, b, /*any_tensor=*/false); }
 
 // A copy of a value whose lists and dicts are new objects (the snapshot of an attribute must not
 // change when the module's list does).

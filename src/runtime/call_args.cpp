@@ -3,6 +3,8 @@
 // the guards check and what a trace takes as its inputs.
 #include <torchcompile/runtime/compiled_function.h>
 
+#include "runtime/ivalues.h"
+
 namespace torchcompile::runtime {
 
 bool ArgItem::operator==(const ArgItem& o) const {
@@ -27,44 +29,39 @@ void CallArgs::add(const c10::optional<at::Tensor>& t) {
   if (present) tensors.push_back(*t);
 }
 
-namespace {
-
-// Whether two result structures (OutputSpec::structure) are the same: containers of the same
-// kinds and lengths, tensors where tensors are, equal scalars, strings and dict keys.
-bool same_structure(const c10::IValue& a, const c10::IValue& b) {
+bool same_ivalue(const c10::IValue& a, const c10::IValue& b, bool any_tensor) {
   if (a.tagKind() != b.tagKind()) return false;
-  if (a.isTensor() || a.isNone()) return true;
+  if (a.isNone()) return true;
+  if (a.isTensor()) return any_tensor || a.is(b);
+  if (a.isInt() || a.isBool() || a.isString() || a.isDevice()) return a == b;
+  if (a.isDouble()) return a.toDouble() == b.toDouble() || (a.toDouble() != a.toDouble() && b.toDouble() != b.toDouble());
   if (a.isTuple()) {
     const auto& x = a.toTupleRef().elements();
     const auto& y = b.toTupleRef().elements();
     if (x.size() != y.size()) return false;
     for (size_t i = 0; i < x.size(); ++i)
-      if (!same_structure(x[i], y[i])) return false;
+      if (!same_ivalue(x[i], y[i], any_tensor)) return false;
     return true;
   }
   if (a.isList()) {
     const c10::List<c10::IValue> x = a.toList(), y = b.toList();
     if (x.size() != y.size()) return false;
     for (size_t i = 0; i < x.size(); ++i)
-      if (!same_structure(x.get(i), y.get(i))) return false;
+      if (!same_ivalue(x.get(i), y.get(i), any_tensor)) return false;
     return true;
   }
   if (a.isGenericDict()) {
     const c10::Dict<c10::IValue, c10::IValue> x = a.toGenericDict(), y = b.toGenericDict();
     if (x.size() != y.size()) return false;
     for (auto i = x.begin(), j = y.begin(); i != x.end(); ++i, ++j)
-      if (!same_structure(i->key(), j->key()) || !same_structure(i->value(), j->value())) return false;
+      if (!same_ivalue(i->key(), j->key(), any_tensor) || !same_ivalue(i->value(), j->value(), any_tensor)) return false;
     return true;
   }
-  if (a.isDouble()) return a.toDouble() == b.toDouble() || (a.toDouble() != a.toDouble() && b.toDouble() != b.toDouble());
-  if (a.isInt() || a.isBool() || a.isString()) return a == b;
   return a.is(b);
 }
 
-}  // namespace
-
 bool OutputSpec::same_shape(const OutputSpec& o) const {
-  return list_sizes == o.list_sizes && undefined == o.undefined && same_structure(structure, o.structure);
+  return list_sizes == o.list_sizes && undefined == o.undefined && same_ivalue(structure, o.structure, /*any_tensor=*/true);
 }
 
 void CallArgs::add(int64_t v) { items.push_back({ArgItem::Int, v}); }
