@@ -124,6 +124,11 @@ TEST(ScriptModule, ParametersAndBuffersAreAttributesOfTheGraph) {
   EXPECT_NE(g.find("get_attr[target=layers.1.down.1.running_mean]"), std::string::npos) << g;
   EXPECT_NE(g.find("aten::conv2d"), std::string::npos) << g;
   EXPECT_EQ(g.find("_tensor_constant"), std::string::npos) << g;
+  // explain takes a TorchScript module as it takes a C++ one.
+  const torchcompile::ExplainOutput e = torchcompile::explain("eager", m, x);
+  EXPECT_EQ(e.graph_count, 1u);
+  EXPECT_EQ(e.graph_break_count, 0u);
+  EXPECT_TRUE(e.eager_reason.empty()) << e.eager_reason;
 }
 
 // In-place updates of the parameters are seen by the compiled graph; a parameter replaced
