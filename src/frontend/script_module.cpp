@@ -52,27 +52,36 @@ std::string qualify(const std::string& path, const std::string& name) { return p
 // and objects by identity).
 bool same_value(const c10::IValue& a, const c10::IValue& b) { return runtime::same_ivalue(a, b, /*any_tensor=*/false); }
 
-// A copy of a value whose lists and dicts are new objects (the snapshot of an attribute must not
-// change when the module's list does).
-c10::IValue deep_copy(const c10::IValue& v) {
+// `v` with every tensor replaced by `f(tensor)` (new containers, dict keys included; `v` unchanged).
+c10::IValue map_tensors(const c10::IValue& v, const std::function<at::Tensor(const at::Tensor&)>& f) {
+  if (v.isTensor()) return f(v.toTensor());
   if (v.isTuple()) {
     std::vector<c10::IValue> e;
-    for (const auto& x : v.toTupleRef().elements()) e.push_back(deep_copy(x));
+    for (const auto& x : v.toTupleRef().elements()) e.push_back(map_tensors(x, f));
     return c10::ivalue::Tuple::create(std::move(e));
   }
   if (v.isList()) {
-    const c10::List<c10::IValue> x = v.toList();
-    c10::impl::GenericList out(x.elementType());
-    for (size_t i = 0; i < x.size(); ++i) out.push_back(deep_copy(x.get(i)));
+    const c10::List<c10::IValue> l = v.toList();
+    c10::impl::GenericList out(l.elementType());
+    for (size_t i = 0; i < l.size(); ++i) out.push_back(map_tensors(l.get(i), f));
     return out;
   }
   if (v.isGenericDict()) {
-    const c10::Dict<c10::IValue, c10::IValue> x = v.toGenericDict();
-    c10::impl::GenericDict out(x.keyType(), x.valueType());
-    for (auto i = x.begin(); i != x.end(); ++i) out.insert(i->key(), deep_copy(i->value()));
+    const c10::Dict<c10::IValue, c10::IValue> d = v.toGenericDict();
+    c10::impl::GenericDict out(d.keyType(), d.valueType());
+    for (auto i = d.begin(); i != d.end(); ++i) {
+      c10::IValue key = map_tensors(i->key(), f);
+      out.insert(std::move(key), map_tensors(i->value(), f));
+    }
     return out;
   }
   return v;
+}
+
+// A copy of a value whose lists and dicts are new objects (the snapshot of an attribute must not
+// change when the module's list does).
+c10::IValue deep_copy(const c10::IValue& v) {
+  return map_tensors(v, [](const at::Tensor& t) { return t; });
 }
 
 // How many values `v` holds (containers recursively), counting no further than `limit`.
@@ -197,31 +206,6 @@ runtime::CallArgs encode_args(const std::vector<c10::IValue>& inputs, const std:
   return ca;
 }
 
-// `v` with every tensor replaced by `f(tensor)` (new containers, dict keys included; `v` unchanged).
-c10::IValue map_tensors(const c10::IValue& v, const std::function<at::Tensor(const at::Tensor&)>& f) {
-  if (v.isTensor()) return f(v.toTensor());
-  if (v.isTuple()) {
-    std::vector<c10::IValue> e;
-    for (const auto& x : v.toTupleRef().elements()) e.push_back(map_tensors(x, f));
-    return c10::ivalue::Tuple::create(std::move(e));
-  }
-  if (v.isList()) {
-    const c10::List<c10::IValue> l = v.toList();
-    c10::impl::GenericList out(l.elementType());
-    for (size_t i = 0; i < l.size(); ++i) out.push_back(map_tensors(l.get(i), f));
-    return out;
-  }
-  if (v.isGenericDict()) {
-    const c10::Dict<c10::IValue, c10::IValue> d = v.toGenericDict();
-    c10::impl::GenericDict out(d.keyType(), d.valueType());
-    for (auto i = d.begin(); i != d.end(); ++i) {
-      c10::IValue key = map_tensors(i->key(), f);
-      out.insert(std::move(key), map_tensors(i->value(), f));
-    }
-    return out;
-  }
-  return v;
-}
 
 // ---- results ----------------------------------------------------------------------------------
 
@@ -260,27 +244,10 @@ c10::IValue flatten_result(const c10::IValue& v, std::vector<at::Tensor>& out, s
   return c10::IValue();
 }
 
-// The result from its structure and the flattened tensors.
-c10::IValue rebuild_result(const c10::IValue& s, const std::vector<at::Tensor>& flat, size_t& k) {
-  if (s.isTensor()) return flat.at(k++);
-  if (s.isTuple()) {
-    std::vector<c10::IValue> e;
-    for (const auto& x : s.toTupleRef().elements()) e.push_back(rebuild_result(x, flat, k));
-    return c10::ivalue::Tuple::create(std::move(e));
-  }
-  if (s.isList()) {
-    const c10::List<c10::IValue> l = s.toList();
-    c10::impl::GenericList out(l.elementType());
-    for (size_t i = 0; i < l.size(); ++i) out.push_back(rebuild_result(l.get(i), flat, k));
-    return out;
-  }
-  if (s.isGenericDict()) {
-    const c10::Dict<c10::IValue, c10::IValue> d = s.toGenericDict();
-    c10::impl::GenericDict out(d.keyType(), d.valueType());
-    for (auto i = d.begin(); i != d.end(); ++i) out.insert(i->key(), rebuild_result(i->value(), flat, k));
-    return out;
-  }
-  return s;
+// The result from its structure (its tensors undefined stand-ins) and the flattened tensors.
+c10::IValue rebuild_result(const c10::IValue& structure, const std::vector<at::Tensor>& flat) {
+  size_t k = 0;
+  return map_tensors(structure, [&](const at::Tensor&) { return flat.at(k++); });
 }
 
 }  // namespace
@@ -374,8 +341,7 @@ class ScriptModuleState {
       after_method_changed_module();
     }
     if (direct) return *direct;
-    size_t k = 0;
-    return rebuild_result(spec.structure, flat, k);
+    return rebuild_result(spec.structure, flat);
   }
 
   const torch::jit::Module& module() const { return module_; }
