@@ -207,13 +207,16 @@ std::string decline_reasons(const CompileReport& report) {
   return out;
 }
 
+
+}  // namespace
+
 // A dynamic entry's segment compiled from `generic` (its graph with size symbols if
-// `static_reason` is empty, else the static graph; `traced.records[record]` as traced): its
+// `static_reason` is empty, else the static graph; `examples` gives its example inputs): its
 // function becomes a ShapeSpecializations serving every size. A backend that declined the
 // symbols compiles the static graph instead. Returns "" or why the backend failed.
 std::string serve_all_sizes(Segment& root, DynamicPlan plan, std::shared_ptr<GraphModule> generic,
-                            std::string static_reason, const TracedRun& traced, size_t record, const Backend& backend,
-                            const std::string& backend_name, const std::string& owner) {
+                            std::string static_reason, const std::function<std::vector<at::Tensor>()>& examples,
+                            const Backend& backend, const std::string& backend_name, const std::string& owner) {
   bool symbolic = static_reason.empty();
   if (symbolic && declined_symbols(root.report)) {
     // The backend declined the graph with symbols: it gets the static graph, one per size.
@@ -222,7 +225,7 @@ std::string serve_all_sizes(Segment& root, DynamicPlan plan, std::shared_ptr<Gra
     TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", owner, "): ", static_reason,
                      "; it compiles the static graph, once per size");
     root.gm->graph().clear_symbols();
-    const std::vector<at::Tensor> example_inputs = capture::example_inputs(traced.records.at(record), traced.slots);
+    const std::vector<at::Tensor> example_inputs = examples();
     try {
       compile_stage::CompiledGraph compiled =
           compile_stage::compile_graph(*root.gm, example_inputs, backend, backend_name, owner);
@@ -240,8 +243,6 @@ std::string serve_all_sizes(Segment& root, DynamicPlan plan, std::shared_ptr<Gra
   root.fn = [shapes](std::vector<at::Tensor> inputs) { return (*shapes)(std::move(inputs)); };
   return "";
 }
-
-}  // namespace
 
 std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, const ForwardFn& forward,
                                                           OutputSpec& spec) {
@@ -349,7 +350,9 @@ std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, 
   }
   if (generic) {
     std::string failure =
-        serve_all_sizes(*root, std::move(plan), std::move(generic), static_reason, traced, 0, backend_, options_.backend, name_);
+        serve_all_sizes(*root, std::move(plan), std::move(generic), static_reason,
+                        [&] { return capture::example_inputs(traced.records.at(0), traced.slots); }, backend_,
+                        options_.backend, name_);
     if (!failure.empty()) {
       warn_once("backend", failure + "; running eagerly");
       insert(nullptr, failure);
@@ -503,8 +506,9 @@ std::vector<at::Tensor> CompiledFunction::trace_new_sizes(const CompiledEntry& e
     Segment* seg = root.get();
     for (size_t i = 0; seg && failure.empty() && i < as_generalized.size(); ++i) {
       if (!general_plans[i].empty())
-        failure = serve_all_sizes(*seg, std::move(general_plans[i]), ir::copy_module(*as_generalized[i].gm), "", traced,
-                                  i, backend_, options_.backend, name_);
+        failure = serve_all_sizes(*seg, std::move(general_plans[i]), ir::copy_module(*as_generalized[i].gm), "",
+                                  [&] { return capture::example_inputs(traced.records.at(i), traced.slots); },
+                                  backend_, options_.backend, name_);
       seg = seg->branch ? seg->branch->children.front().get() : nullptr;
     }
     if (root && failure.empty()) {

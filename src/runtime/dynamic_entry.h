@@ -35,6 +35,7 @@
 #include <optional>
 
 #include <algorithm>
+#include <functional>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -269,6 +270,16 @@ class ShapeSpecializations {
   std::vector<std::vector<ir::SymExpr>> result_sizes_;
   std::vector<std::vector<ResultDim>> result_dims_;
 };
+
+struct Segment;
+
+/// A dynamic entry's segment compiled from `generic` (its graph with size symbols if
+/// `static_reason` is empty, else the static graph; `examples` gives its example inputs): its
+/// function becomes a ShapeSpecializations serving every size. A backend that declined the
+/// symbols compiles the static graph instead. Returns "" or why the backend failed.
+std::string serve_all_sizes(Segment& root, DynamicPlan plan, std::shared_ptr<GraphModule> generic,
+                            std::string static_reason, const std::function<std::vector<at::Tensor>()>& examples,
+                            const Backend& backend, const std::string& backend_name, const std::string& owner);
 
 /// A dynamic entry whose graph may depend on its symbols' values (step 4b): one trace tree per
 /// combination of values, each traced by running the forward at those sizes. The trees share

@@ -7,6 +7,7 @@
 #include <torchcompile/compat.h>
 
 #include <ATen/Context.h>
+#include <ATen/Functions.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/core/AutogradState.h>
 #include <c10/core/DefaultDtype.h>
@@ -17,6 +18,7 @@
 #include <torch/ordered_dict.h>
 
 #include <algorithm>
+#include <optional>
 #include <functional>
 #include <limits>
 #include <sstream>
@@ -215,6 +217,94 @@ std::unique_ptr<GuardSet> GuardSet::build(const CallArgs& args, const std::share
   return g;
 }
 
+// ---- packages ------------------------------------------------------------------------------
+
+namespace {
+
+// The dispatch keys of a plain CPU tensor of `dtype`, or of an inference tensor.
+c10::DispatchKeySet plain_keys(c10::ScalarType dtype, bool inference) {
+  std::optional<c10::InferenceMode> guard;
+  if (inference) guard.emplace();
+  return at::empty({0}, at::TensorOptions().dtype(dtype)).key_set();
+}
+
+}  // namespace
+
+std::string GuardSet::to_portable(PortableGuards& out) const {
+  out = PortableGuards{};
+  out.items = items_;
+  out.tensor_names = tensor_names_;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const TensorGuard& g = tensors_[i];
+    PortableGuards::Tensor t;
+    t.defined = g.defined;
+    if (g.defined) {
+      const std::string name = "input '" + tensor_names_.at(i) + "'";
+      if (g.device.type() != c10::DeviceType::CPU) return name + " is on " + g.device.str() + " (a package serves CPU inputs)";
+      if (!g.strided) return name + " is not a strided tensor";
+      t.dtype = c10::typeMetaToScalarType(g.dtype);
+      if (g.keys == plain_keys(t.dtype, false)) {
+        t.inference = false;
+      } else if (g.keys == plain_keys(t.dtype, true)) {
+        t.inference = true;
+      } else {
+        return name + " has dispatch keys " + c10::toString(g.keys) + " (conjugate, negative or a wrapper tensor)";
+      }
+      if (g.requires_grad) return name + " required grad (a package serves inference)";
+      t.sizes.assign(dims_.begin() + g.dims, dims_.begin() + g.dims + g.ndim);
+      t.strides.assign(dims_.begin() + g.dims + g.ndim, dims_.begin() + g.dims + 2 * g.ndim);
+      t.symbolic = g.symbolic;
+    }
+    out.tensors.push_back(std::move(t));
+  }
+  for (const SymDimGuard& sg : sym_dims_)
+    out.sym_dims.push_back({sg.input, sg.dim, sg.first_input, sg.first_dim, sg.min, sg.max, sg.symbol});
+  for (size_t i = 0; i < identity_.size(); ++i) {
+    if (identity_[i].attr >= 0)
+      return "input '" + tensor_names_.at(i) + "' is the module's own '" + attr_names_.at(identity_[i].attr) + "'";
+    out.same_as.push_back(identity_[i].input);
+  }
+  out.default_dtype = c10::typeMetaToScalarType(default_dtype_);
+  out.deterministic = deterministic_;
+  out.autocast_cpu = autocast_cpu_;
+  out.autocast_cpu_dtype = autocast_cpu_dtype_;
+  return "";
+}
+
+std::unique_ptr<GuardSet> GuardSet::from_portable(const PortableGuards& p) {
+  auto g = std::make_unique<GuardSet>();
+  g->items_ = p.items;
+  g->tensor_names_ = p.tensor_names;
+  for (const PortableGuards::Tensor& t : p.tensors) {
+    TensorGuard tg;
+    tg.defined = t.defined;
+    if (t.defined) {
+      tg.keys = plain_keys(t.dtype, t.inference);
+      tg.dtype = c10::scalarTypeToTypeMeta(t.dtype);
+      tg.strided = true;
+      tg.ndim = static_cast<uint8_t>(t.sizes.size());
+      tg.dims = static_cast<uint32_t>(g->dims_.size());
+      tg.symbolic = t.symbolic;
+      g->dims_.insert(g->dims_.end(), t.sizes.begin(), t.sizes.end());
+      g->dims_.insert(g->dims_.end(), t.strides.begin(), t.strides.end());
+    }
+    g->tensors_.push_back(tg);
+  }
+  for (const PortableGuards::SymDim& d : p.sym_dims)
+    g->sym_dims_.push_back(SymDimGuard{d.input, d.dim, d.first_input, d.first_dim, d.min, d.max, d.symbol});
+  for (int32_t same : p.same_as) {
+    Identity id;
+    id.input = same;
+    g->identity_.push_back(id);
+  }
+  g->autograd_guarded_ = false;
+  g->default_dtype_ = c10::scalarTypeToTypeMeta(p.default_dtype);
+  g->deterministic_ = p.deterministic;
+  g->autocast_cpu_ = p.autocast_cpu;
+  g->autocast_cpu_dtype_ = p.autocast_cpu_dtype;
+  return g;
+}
+
 // ---- evaluation ----------------------------------------------------------------------------
 
 bool GuardSet::check(const CallArgs& args) const { return evaluate<false>(args, nullptr); }
@@ -377,9 +467,9 @@ bool GuardSet::evaluate(const CallArgs& args, std::string* reason) const {
   // Inference mode first: it implies grad mode off, and is the more useful reason. Both live in
   // one thread-local (what InferenceMode::is_enabled() and GradMode::is_enabled() read).
   const c10::AutogradState& autograd = c10::AutogradState::get_tls_state();
-  if (autograd.get_inference_mode() != inference_mode_)
+  if (autograd_guarded_ && autograd.get_inference_mode() != inference_mode_)
     TC_GUARD_FAIL("inference mode mismatch: expected ", b(inference_mode_), ", got ", b(!inference_mode_));
-  if (autograd.get_grad_mode() != grad_mode_)
+  if (autograd_guarded_ && autograd.get_grad_mode() != grad_mode_)
     TC_GUARD_FAIL("grad mode mismatch: expected ", b(grad_mode_), ", got ", b(!grad_mode_));
   if (c10::get_default_dtype() != default_dtype_)
     TC_GUARD_FAIL("default dtype mismatch: expected ", c10::typeMetaToScalarType(default_dtype_), ", got ",

@@ -36,8 +36,42 @@ namespace torchcompile::runtime {
 
 struct DynamicPlan;
 
+/// A GuardSet as a saved package holds it (runtime/package.cpp): the argument and input checks
+/// and the global state, without modules (a package holds the weights it was traced with) and
+/// with dispatch keys named by kind (their bits differ between LibTorch versions).
+struct PortableGuards {
+  struct Tensor {
+    bool defined = false;
+    c10::ScalarType dtype = c10::ScalarType::Float;
+    bool inference = false;  // an inference tensor (made under c10::InferenceMode)
+    std::vector<int64_t> sizes, strides;
+    uint64_t symbolic = 0;  // bit d: dimension d is a symbol
+  };
+  struct SymDim {
+    uint32_t input = 0, dim = 0, first_input = 0, first_dim = 0;
+    int64_t min = 2, max = 0;
+    std::string symbol;
+  };
+  c10::SmallVector<ArgItem, 8> items;
+  std::vector<Tensor> tensors;
+  std::vector<SymDim> sym_dims;
+  std::vector<int32_t> same_as;  // per input: the earlier input it was the same tensor as, or -1
+  c10::ScalarType default_dtype = c10::ScalarType::Float;
+  bool deterministic = false;
+  bool autocast_cpu = false;
+  c10::ScalarType autocast_cpu_dtype = c10::ScalarType::BFloat16;
+  std::vector<std::string> tensor_names;
+};
+
 class GuardSet {
  public:
+  /// These guards as a package holds them, or why they cannot be (an input on another device,
+  /// of another layout, or one of the module's own parameters passed as an argument).
+  std::string to_portable(PortableGuards& out) const;
+  /// Guards from a package: no module is guarded, nor grad mode (a loaded package runs the
+  /// forward graphs it holds whatever the grad mode is; its inputs must not require grad).
+  static std::unique_ptr<GuardSet> from_portable(const PortableGuards& p);
+
   /// Guards for a call with `args` to the compiled object whose root module is `root` (may
   /// be null): the argument structure and scalar values; each input tensor's dtype, device,
   /// sizes, strides and requires_grad; which inputs are the same tensor; grad mode, inference
@@ -142,6 +176,7 @@ class GuardSet {
   std::vector<std::pair<const c10::TensorImpl*, uint32_t>> attr_impls_;  // sorted; defined attrs
   static c10::SmallVector<Identity, 8> identities_of(const at::Tensor* tensors, size_t n);  // `input` only
   int32_t attr_of(const at::Tensor& t) const;  // the attribute that is `t`, or -1
+  bool autograd_guarded_ = true;  // false for guards from a package: grad and inference mode unchecked
   bool grad_mode_ = true;
   bool inference_mode_ = false;
   bool deterministic_ = false;

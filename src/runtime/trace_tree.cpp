@@ -216,6 +216,36 @@ std::vector<at::Tensor> CompiledFunction::run_entry(const CompiledEntry& entry, 
   }
 }
 
+std::vector<at::Tensor> run_fixed_tree(
+    const Segment& root, const std::vector<at::Tensor>& inputs, OutputSpec& spec, std::mutex& tree_mutex,
+    const std::function<void(const BranchPoint&, const std::vector<c10::IValue>&)>& on_miss) {
+  std::vector<at::Tensor> env = inputs;
+  const Segment* seg = &root;
+  for (;;) {
+    std::vector<at::Tensor> outs = run_segment(*seg, env);
+    if (!seg->branch) {
+      spec = seg->spec;
+      return with_undefined(std::move(outs), spec);
+    }
+    for (size_t i = 0; i < outs.size(); ++i) {
+      const uint32_t s = seg->output_slots[i];
+      if (env.size() <= s) env.resize(s + 1);
+      env[s] = std::move(outs[i]);
+    }
+    const std::vector<c10::IValue> key = read_key(*seg->branch, env);
+    const Segment* next;
+    {
+      std::lock_guard<std::mutex> lock(tree_mutex);
+      next = seg->branch->find(key);
+    }
+    if (!next) {
+      on_miss(*seg->branch, key);
+      TORCH_INTERNAL_ASSERT(false, "run_fixed_tree: on_miss returned");
+    }
+    seg = next;
+  }
+}
+
 // ---- retracing a branch ---------------------------------------------------------------------
 
 std::vector<at::Tensor> CompiledFunction::retrace_branch(const CompiledEntry& entry, const CallArgs& args, bool record,

@@ -15,6 +15,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
+#include <mutex>
 #include <memory>
 #include <string>
 #include <utility>
@@ -67,5 +69,12 @@ struct BranchPoint {
     if (known.size() > kKnownValues) known.pop_back();
   }
 };
+
+/// Run a trace tree that does not grow (a loaded package's, runtime/package.cpp) on `inputs`:
+/// each break's value must have a continuation; when it has none, `on_miss(branch, value)` is
+/// called and must throw. `tree_mutex` guards the branch tables (their order of recent values).
+std::vector<at::Tensor> run_fixed_tree(
+    const Segment& root, const std::vector<at::Tensor>& inputs, OutputSpec& spec, std::mutex& tree_mutex,
+    const std::function<void(const BranchPoint&, const std::vector<c10::IValue>&)>& on_miss);
 
 }  // namespace torchcompile::runtime

@@ -46,6 +46,11 @@ class BySize {
     std::lock_guard<std::mutex> lock(mutex_);
     return items_.size();
   }
+  /// The keys and values kept, most recently used first.
+  std::vector<std::pair<SizeKey, V>> items() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return items_;
+  }
   /// The values kept, most recently used first.
   std::vector<V> values() const {
     std::lock_guard<std::mutex> lock(mutex_);

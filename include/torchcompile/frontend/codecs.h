@@ -231,6 +231,67 @@ runtime::CallBody make_body(Fn fn, Tuple skeleton) {
   };
 }
 
+/// The result type `R` of a C++ forward as a string a saved package rebuilds IValues from
+/// (OutputSpec::result_type): `T` a tensor, `L<e>` a std::vector, `O<e>` an optional, `(a,b)`
+/// a tuple, pair or registered struct (whose fields it lists).
+template <typename T, typename = void>
+struct ResultType {
+  static void append(std::string&) {}
+};
+template <>
+struct ResultType<at::Tensor> {
+  static void append(std::string& s) { s += 'T'; }
+};
+template <typename E>
+struct ResultType<std::vector<E>> {
+  static void append(std::string& s) {
+    s += "L<";
+    ResultType<E>::append(s);
+    s += '>';
+  }
+};
+template <typename E>
+struct ResultType<c10::optional<E>> {
+  static void append(std::string& s) {
+    s += "O<";
+    ResultType<E>::append(s);
+    s += '>';
+  }
+};
+template <typename... Ts>
+struct ResultType<std::tuple<Ts...>> {
+  static void append(std::string& s) {
+    s += '(';
+    size_t i = 0;
+    ((s += (i++ ? "," : ""), ResultType<Ts>::append(s)), ...);
+    s += ')';
+  }
+};
+template <typename A, typename B>
+struct ResultType<std::pair<A, B>> : ResultType<std::tuple<A, B>> {};
+template <typename T>
+struct ResultType<T, std::enable_if_t<has_fields<T>::value>> {
+  static void append(std::string& s) {
+    s += '(';
+    size_t i = 0;
+    Composite<T>::each(T{}, [&](const auto& e) {
+      if (i++) s += ',';
+      ResultType<std::decay_t<decltype(e)>>::append(s);
+    });
+    s += ')';
+  }
+};
+/// ResultType<R> as a string that lives as long as the program.
+template <typename R>
+const char* result_type_name() {
+  static const std::string name = [] {
+    std::string s;
+    ResultType<R>::append(s);
+    return s;
+  }();
+  return name.c_str();
+}
+
 template <typename R>
 R unflatten_result(std::vector<at::Tensor>& flat, const runtime::OutputSpec& spec) {
   size_t pos = 0, list_pos = 0;

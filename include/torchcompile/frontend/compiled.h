@@ -108,7 +108,7 @@ class Compiled {
     detail::add_arg(ca, a);
     // Runs the forward when the runtime needs it: to trace, to retrace a new branch, eagerly,
     // or twice in verify mode, so the arguments are passed as lvalues (never moved from).
-    runtime::ForwardFn forward = [&](runtime::OutputSpec& s) {
+    runtime::ForwardFn forward_impl = [&](runtime::OutputSpec& s) {
       using Skeleton = detail::storage_t<Tuple>;
       // A dynamic trace passes observed tensors in place of the arguments' own.
       const std::vector<at::Tensor>* substituted = runtime::take_substituted_inputs();
@@ -139,6 +139,11 @@ class Compiled {
         body = detail::make_body<R>(std::ref(callable_), std::move(skeleton));
       }
       return runtime::call_module(root, std::move(inputs), body, s);
+    };
+    runtime::ForwardFn forward = [&](runtime::OutputSpec& s) {
+      std::vector<at::Tensor> out = forward_impl(s);
+      s.result_type = detail::result_type_name<R>();  // what a saved package rebuilds
+      return out;
     };
     return state_->call(ca, forward, spec);
   }

@@ -60,6 +60,10 @@ struct OutputSpec {
   /// The result of a TorchScript method (frontend/script_module.h) with every tensor in it
   /// undefined: the flattened outputs are those tensors, in order. None for C++ forwards.
   c10::IValue structure;
+  /// The C++ result type of a C++ forward, as frontend/codecs.h's ResultType describes it
+  /// (`T`, `L<T>`, `(T,O<T>)`): what a saved package rebuilds its results from. Null for
+  /// TorchScript methods (their `structure` says it).
+  const char* result_type = nullptr;
   /// Whether two results have the same shape (lists, undefined tensors, structure).
   bool same_shape(const OutputSpec& o) const;
 };
@@ -96,6 +100,7 @@ struct ForwardReplays;
 /// segment, and at each graph break the continuations keyed by the value the forward read.
 class CompiledEntry {
  public:
+  friend struct PackageAccess;  // runtime/package.cpp reads and builds trees
   CompiledEntry(std::shared_ptr<GuardSet> guards, std::unique_ptr<Segment> root, std::vector<std::string> input_names,
                 std::string eager_reason);
   ~CompiledEntry();
@@ -146,6 +151,7 @@ class CompiledEntry {
 /// The state shared by all copies of one compiled object.
 class CompiledFunction {
  public:
+  friend struct PackageAccess;
   /// `root` is the compiled module (null for a plain function); its parameters and buffers
   /// become get_attr nodes and its submodules' training flags are guarded.
   CompiledFunction(CompileOptions options, std::shared_ptr<torch::nn::Module> root, std::string name);
