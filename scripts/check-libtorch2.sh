@@ -11,3 +11,13 @@ cd "$root"
 "$tool" run sh -c 'cmake -S . -B build-lt2 -G Ninja -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DTORCHCOMPILE_BUILD_BENCHMARKS=OFF \
     -DTORCHCOMPILE_TORCHSCRIPT_MODELS="$PWD/build-lt2-models" &&
   cmake --build build-lt2 --parallel "$(nproc)" && ctest --test-dir build-lt2 --output-on-failure --label-exclude "tsan|asan|bench"'
+# Packages written by the host's LibTorch 1.13 build (test_package, Package.SecondProcess*, into
+# build/packages) load and run with LibTorch 2.6: the loader built against it runs their calls.
+if [ -x build/test/test_package ]; then
+  TORCHCOMPILE_TEST_BINARY_DIR="$root/build" build/test/test_package \
+      --gtest_filter=Package.SecondProcessLoadsWithoutTheModelsCode >/dev/null
+  "$tool" run sh -c 'build-lt2/test/package_loader build/packages default eager onednn'
+else
+  echo "check-libtorch2: build/test/test_package not built on the host: packages written by LibTorch 1.13 not checked" >&2
+  exit 1
+fi

@@ -37,5 +37,5 @@
 #include <torchcompile/ir/interpreter.h>           // Interpreter (with overrides), interpreter_fn
 #include <torchcompile/runtime/compile_options.h>  // CompileOptions
 #include <torchcompile/runtime/mark_dynamic.h>     // mark_dynamic, mark_static
-#include <torchcompile/runtime/package.h>          // save, load, LoadedModule: packages
+#include <torchcompile/frontend/package.h>          // save, load, LoadedModule: packages
 #include <torchcompile/support/logging.h>          // TORCHCOMPILE_LOGS, logging::set_logs

@@ -1,6 +1,6 @@
 // Values of TorchScript calls as the runtime sees them: arguments encoded as CallArgs, results
 // rebuilt from their structure. Shared by compiled TorchScript modules (script_module.cpp) and
-// loaded packages (runtime/package.cpp), which call with the same encoding.
+// loaded packages (frontend/package.cpp), which call with the same encoding.
 #pragma once
 
 #include <torchcompile/runtime/compiled_function.h>

@@ -36,7 +36,7 @@ namespace torchcompile::runtime {
 
 struct DynamicPlan;
 
-/// A GuardSet as a saved package holds it (runtime/package.cpp): the argument and input checks
+/// A GuardSet as a saved package holds it (frontend/package.cpp): the argument and input checks
 /// and the global state, without modules (a package holds the weights it was traced with) and
 /// with dispatch keys named by kind (their bits differ between LibTorch versions).
 struct PortableGuards {

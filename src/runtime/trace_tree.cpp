@@ -238,6 +238,21 @@ std::vector<at::Tensor> run_fixed_tree(
       std::lock_guard<std::mutex> lock(tree_mutex);
       next = seg->branch->find(key);
     }
+    if (!next && !seg->effects.any()) {
+      // The values were read from the forward run by ATen while it was traced; a backend's
+      // kernels may differ in the last bits (a float read by item()). The segment run by the
+      // interpreter, on the same inputs, reads what ATen gives: if that value is known, its
+      // continuation is this call's, and the compiled value is remembered for it.
+      std::vector<at::Tensor> inputs_again;
+      for (uint32_t s : seg->input_slots) inputs_again.push_back(env[s]);
+      std::vector<at::Tensor> by_aten = seg->gm->forward(std::move(inputs_again));
+      std::vector<at::Tensor> env_aten = env;
+      for (size_t i = 0; i < by_aten.size() && i < seg->output_slots.size(); ++i) env_aten[seg->output_slots[i]] = by_aten[i];
+      const std::vector<c10::IValue> aten_key = read_key(*seg->branch, env_aten);
+      std::lock_guard<std::mutex> lock(tree_mutex);
+      next = seg->branch->find(aten_key);
+      if (next) seg->branch->remember(key, const_cast<Segment*>(next));
+    }
     if (!next) {
       on_miss(*seg->branch, key);
       TORCH_INTERNAL_ASSERT(false, "run_fixed_tree: on_miss returned");

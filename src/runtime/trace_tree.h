@@ -70,9 +70,12 @@ struct BranchPoint {
   }
 };
 
-/// Run a trace tree that does not grow (a loaded package's, runtime/package.cpp) on `inputs`:
-/// each break's value must have a continuation; when it has none, `on_miss(branch, value)` is
-/// called and must throw. `tree_mutex` guards the branch tables (their order of recent values).
+/// Run a trace tree that does not grow (a loaded package's, frontend/package.cpp) on `inputs`:
+/// each break's value must have a continuation. A value with none is read again from the
+/// segment run by the interpreter (ATen's own results, which the trace read; for a segment
+/// without effects): if that one is known, the call takes its continuation and the compiled
+/// value is remembered for it. Otherwise `on_miss(branch, value)` is called and must throw.
+/// `tree_mutex` guards the branch tables.
 std::vector<at::Tensor> run_fixed_tree(
     const Segment& root, const std::vector<at::Tensor>& inputs, OutputSpec& spec, std::mutex& tree_mutex,
     const std::function<void(const BranchPoint&, const std::vector<c10::IValue>&)>& on_miss);

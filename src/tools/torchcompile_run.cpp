@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
+#include <fstream>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -24,12 +26,17 @@ using Clock = std::chrono::steady_clock;
 using torch::jit::IValue;
 
 int usage(std::ostream& os, int status) {
-  os << "usage: torchcompile-run [options] <model.pt>\n"
+  os << "usage: torchcompile-run [options] <model.pt | package.tcpkg>\n"
         "\n"
         "Loads a TorchScript archive (torch::jit::load), compiles a method with torch::compile, runs it on\n"
         "random inputs, checks the result against the TorchScript module's own, and prints the first-call\n"
         "time (trace + compile + one run) and warm latency percentiles, the compiled module's and\n"
         "TorchScript's, timed alternately in the same run.\n"
+        "\n"
+        "Given a package (torchcompile::save), loads it with the backend (torchcompile::load), runs it on\n"
+        "the inputs given, or without --input on random inputs its first entry accepts, and checks and\n"
+        "times it against the same package's graphs run by the interpreter (backend 'eager': LibTorch's\n"
+        "operators one by one). --method, --dynamic and --train do not apply to a package.\n"
         "\n"
         "options:\n"
         "  --input SPEC     one per argument of the method, in order (without self):\n"
@@ -206,6 +213,114 @@ std::string fmt_ms(double ms) {
   return buf;
 }
 
+// Compares `got` with `expected` and prints the check line; returns the exit status.
+int report_check(const IValue& got, const IValue& expected, double rtol, double atol, const std::string& against) {
+  double max_diff = 0;
+  const std::string mismatch = compare(got, expected, rtol, atol, max_diff, "result");
+  char diff[32];
+  std::snprintf(diff, sizeof diff, "%.3g", max_diff);
+  if (mismatch.empty()) {
+    std::cout << "check against " << against << ": ok (max abs difference " << diff << ", rtol " << rtol << ", atol "
+              << atol << ")\n";
+    return 0;
+  }
+  std::cout << "check against " << against << ": DIFFERS: " << mismatch << " (max abs difference " << diff << ")\n";
+  return 1;
+}
+
+// Times `ours` and `theirs` alternately (so both see the same conditions), with a progress line
+// when it takes a while, and prints their percentiles and the speedup at p50.
+void time_alternately(const std::function<void()>& ours_fn, const std::function<void()>& theirs_fn, int64_t iters,
+                      int64_t warmup, const char* ours_name, const char* theirs_name) {
+  for (int64_t i = 0; i < warmup; ++i) ours_fn(), theirs_fn();
+  std::vector<double> ours, theirs;
+  const auto start = Clock::now();
+  auto last_progress = start;
+  bool progress_shown = false;
+  for (int64_t i = 0; i < iters; ++i) {
+    auto a = Clock::now();
+    ours_fn();
+    auto b = Clock::now();
+    theirs_fn();
+    auto c = Clock::now();
+    ours.push_back(std::chrono::duration<double, std::milli>(b - a).count());
+    theirs.push_back(std::chrono::duration<double, std::milli>(c - b).count());
+    if (c - last_progress > std::chrono::milliseconds(500) && c - start > std::chrono::seconds(1)) {
+      std::cerr << "\rtiming: " << i + 1 << "/" << iters << " calls" << std::flush;
+      last_progress = c;
+      progress_shown = true;
+    }
+  }
+  if (progress_shown) std::cerr << "\r" << std::string(40, ' ') << "\r" << std::flush;
+  auto line = [&](const char* who, const std::vector<double>& v) {
+    std::cout << who << " p50 " << fmt_ms(percentile(v, 0.5)) << "  p90 " << fmt_ms(percentile(v, 0.9)) << "  p99 "
+              << fmt_ms(percentile(v, 0.99)) << "  min " << fmt_ms(*std::min_element(v.begin(), v.end())) << "\n";
+  };
+  std::cout << "warm latency, ms over " << iters << " calls each (alternating):\n";
+  line(ours_name, ours);
+  line(theirs_name, theirs);
+  char speedup[32];
+  std::snprintf(speedup, sizeof speedup, "%.2fx", percentile(theirs, 0.5) / percentile(ours, 0.5));
+  std::cout << "speedup at p50: " << speedup << "\n";
+}
+
+bool is_package(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  char head[20] = {};
+  f.read(head, sizeof head);
+  return f.gcount() == sizeof head && std::string(head, sizeof head) == "TORCHCOMPILE-PACKAGE";
+}
+
+// A package: loaded with `backend`, checked and timed against its graphs run by the interpreter.
+int run_package(const std::string& path, const std::string& backend, const std::vector<IValue>& given, bool check,
+                bool explain, double rtol, double atol, int64_t iters, int64_t warmup) {
+  auto load = [&](const std::string& b) {
+    try {
+      return torchcompile::load(path, b);
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      fail(what.substr(0, what.find("\nException raised")));
+    }
+  };
+  const auto t0 = Clock::now();
+  torchcompile::LoadedModule m = load(backend);
+  const double load_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  std::cout << "package: " << path << " (" << m.name() << "), " << m.num_entries() << " entr"
+            << (m.num_entries() == 1 ? "y" : "ies") << "\n";
+  std::vector<IValue> inputs = given;
+  if (inputs.empty()) {
+    try {
+      inputs = m.example_inputs(0);
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      fail(what.substr(0, what.find("\nException raised")));
+    }
+  }
+  std::cout << "inputs" << (given.empty() ? " (the first entry's signature)" : "") << ":";
+  for (size_t i = 0; i < inputs.size(); ++i) std::cout << (i ? ", " : " ") << describe(inputs[i]);
+  std::cout << "\nbackend: " << backend << ", " << at::get_num_threads() << " threads, inference mode\n";
+  c10::InferenceMode inference;
+  IValue got;
+  const auto t1 = Clock::now();
+  try {
+    got = m.forward(inputs);
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    fail("the package throws: " + what.substr(0, what.find("\nException raised")));
+  }
+  const double first_ms = std::chrono::duration<double, std::milli>(Clock::now() - t1).count();
+  std::cout << "load (parse + compile " << m.num_graphs() << " graph" << (m.num_graphs() == 1 ? "" : "s")
+            << "): " << fmt_ms(load_ms) << " ms, first call: " << fmt_ms(first_ms) << " ms\n";
+  if (explain)
+    for (const std::string& line : m.describe()) std::cout << line << "\n";
+  torchcompile::LoadedModule reference = load("eager");
+  int status = 0;
+  if (check) status = report_check(got, reference.forward(inputs), rtol, atol, "the package's graphs (interpreter)");
+  time_alternately([&] { m.forward(inputs); }, [&] { reference.forward(inputs); }, iters, warmup, "  compiled   ",
+                   "  interpreter");
+  return status;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -274,6 +389,14 @@ int main(int argc, char** argv) {
     std::string known;
     for (const std::string& b : torchcompile::list_backends({})) known += (known.empty() ? "" : ", ") + b;
     fail("no backend named '" + backend + "' (registered: " + known + ")");
+  }
+
+  if (is_package(path)) {
+    if (method != "forward" || dynamic || train) fail("--method, --dynamic and --train do not apply to a package");
+    torch::manual_seed(static_cast<uint64_t>(seed));
+    std::vector<IValue> inputs;
+    for (const std::string& s : input_specs) inputs.push_back(make_input(s));
+    return run_package(path, backend, inputs, check, explain, rtol, atol, iters, warmup);
   }
 
   torch::jit::Module module;
@@ -354,53 +477,9 @@ int main(int argc, char** argv) {
   int status = 0;
   if (check) {
     // The first call ran the method while tracing; the second runs the compiled graphs.
-    got = compiled.forward(inputs);
-    double max_diff = 0;
-    const std::string mismatch = compare(got, expected, rtol, atol, max_diff, "result");
-    char diff[32];
-    std::snprintf(diff, sizeof diff, "%.3g", max_diff);
-    if (mismatch.empty()) {
-      std::cout << "check against TorchScript: ok (max abs difference " << diff << ", rtol " << rtol << ", atol " << atol
-                << ")\n";
-    } else {
-      std::cout << "check against TorchScript: DIFFERS: " << mismatch << " (max abs difference " << diff << ")\n";
-      status = 1;
-    }
+    status = report_check(compiled.forward(inputs), expected, rtol, atol, "TorchScript");
   }
-
-  for (int64_t i = 0; i < warmup; ++i) {
-    compiled.forward(inputs);
-    reference(inputs);
-  }
-  // Alternate the two, so both see the same conditions; a progress line when it takes a while.
-  std::vector<double> ours, theirs;
-  const auto start = Clock::now();
-  auto last_progress = start;
-  bool progress_shown = false;
-  for (int64_t i = 0; i < iters; ++i) {
-    auto a = Clock::now();
-    compiled.forward(inputs);
-    auto b = Clock::now();
-    reference(inputs);
-    auto c = Clock::now();
-    ours.push_back(std::chrono::duration<double, std::milli>(b - a).count());
-    theirs.push_back(std::chrono::duration<double, std::milli>(c - b).count());
-    if (c - last_progress > std::chrono::milliseconds(500) && c - start > std::chrono::seconds(1)) {
-      std::cerr << "\rtiming: " << i + 1 << "/" << iters << " calls" << std::flush;
-      last_progress = c;
-      progress_shown = true;
-    }
-  }
-  if (progress_shown) std::cerr << "\r" << std::string(40, ' ') << "\r" << std::flush;
-  auto line = [&](const char* who, const std::vector<double>& v) {
-    std::cout << who << " p50 " << fmt_ms(percentile(v, 0.5)) << "  p90 " << fmt_ms(percentile(v, 0.9)) << "  p99 "
-              << fmt_ms(percentile(v, 0.99)) << "  min " << fmt_ms(*std::min_element(v.begin(), v.end())) << "\n";
-  };
-  std::cout << "warm latency, ms over " << iters << " calls each (alternating):\n";
-  line("  compiled   ", ours);
-  line("  TorchScript", theirs);
-  char speedup[32];
-  std::snprintf(speedup, sizeof speedup, "%.2fx", percentile(theirs, 0.5) / percentile(ours, 0.5));
-  std::cout << "speedup at p50: " << speedup << "\n";
+  time_alternately([&] { compiled.forward(inputs); }, [&] { reference(inputs); }, iters, warmup, "  compiled   ",
+                   "  TorchScript");
   return status;
 }

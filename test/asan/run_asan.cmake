@@ -1,7 +1,7 @@
 # Configure, build and run test_runtime (graph breaks, fuzzing, parity, signatures), test_aot, test_dynamic,
 # test_repro, the onednn backend's tests (test_onednn, backends/onednn/tests/), test_frontend (TorchScript
-# modules) and test_capture's fast-path operator test
-# with AddressSanitizer and UndefinedBehaviorSanitizer. Any UB report aborts the run, and the
+# modules), test_capture's fast-path operator test and test_package (packages saved and loaded, and
+# the loader fuzzed with 10,000 mutated packages) with AddressSanitizer and UndefinedBehaviorSanitizer. Any UB report aborts the run, and the
 # vptr check is off (see TORCHCOMPILE_SANITIZE in the top-level CMakeLists.txt).
 #
 # LibTorch itself is not instrumented: its allocations are still checked through ASan's malloc
@@ -25,7 +25,7 @@ execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${BINARY_DIR} -G ${
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "asan: configure failed")
 endif()
-execute_process(COMMAND ${CMAKE_COMMAND} --build ${BINARY_DIR} --target test_runtime test_aot test_dynamic test_repro test_onednn test_frontend test_capture RESULT_VARIABLE rc)
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${BINARY_DIR} --target test_runtime test_aot test_dynamic test_repro test_onednn test_frontend test_capture test_package package_loader RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "asan: build failed")
 endif()
@@ -64,4 +64,9 @@ endif()
 execute_process(COMMAND ${BINARY_DIR}/test/test_capture --gtest_filter=Tracer.FastPath* RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "asan: test_capture failed under AddressSanitizer/UBSan (exit ${rc})")
+endif()
+# Packages: save, load, a second process (package_loader, also instrumented), and the loader fuzzed.
+execute_process(COMMAND ${BINARY_DIR}/test/test_package RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "asan: test_package failed under AddressSanitizer/UBSan (exit ${rc})")
 endif()

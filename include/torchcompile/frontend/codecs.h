@@ -274,7 +274,8 @@ struct ResultType<T, std::enable_if_t<has_fields<T>::value>> {
   static void append(std::string& s) {
     s += '(';
     size_t i = 0;
-    Composite<T>::each(T{}, [&](const auto& e) {
+    T object{};
+    Composite<T>::each(object, [&](const auto& e) {
       if (i++) s += ',';
       ResultType<std::decay_t<decltype(e)>>::append(s);
     });

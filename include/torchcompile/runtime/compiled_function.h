@@ -100,7 +100,7 @@ struct ForwardReplays;
 /// segment, and at each graph break the continuations keyed by the value the forward read.
 class CompiledEntry {
  public:
-  friend struct PackageAccess;  // runtime/package.cpp reads and builds trees
+  friend struct PackageAccess;  // frontend/package.cpp reads and builds trees
   CompiledEntry(std::shared_ptr<GuardSet> guards, std::unique_ptr<Segment> root, std::vector<std::string> input_names,
                 std::string eager_reason);
   ~CompiledEntry();

@@ -1,4 +1,4 @@
-// Packages (runtime/package.h): save a compiled object's entries to one file, load and run them
+// Packages (frontend/package.h): save a compiled object's entries to one file, load and run them
 // without the forward's code.
 //
 // The file: a first line `TORCHCOMPILE-PACKAGE <format>`, then sections, each a line
@@ -16,15 +16,18 @@
 // (argument items, input tensors, symbolic dimensions, identity, global state) and its trace
 // tree (segments with their graph, slots, size plan, the branch reads with their constants and
 // the values seen, and the results' encoding).
-#include <torchcompile/runtime/package.h>
+#include <torchcompile/frontend/package.h>
 
 #include <torchcompile/frontend/script_module.h>
+#include <torchcompile/ir/op_properties.h>
 #include <torchcompile/ir/parser.h>
 #include <torchcompile/ir/printer.h>
 #include <torchcompile/support/logging.h>
 
+#include "capture/metadata_at.h"
 #include "compile/pipeline.h"
 #include "frontend/script_values.h"
+#include "ir/effects.h"
 #include "runtime/dynamic_entry.h"
 #include "runtime/guards.h"
 #include "runtime/trace_tree.h"
@@ -57,6 +60,7 @@ constexpr const char* kMagic = "TORCHCOMPILE-PACKAGE";
 // Bounds a reader checks before it allocates: no real package comes near them.
 constexpr int64_t kMaxCount = int64_t{1} << 24;
 constexpr int64_t kMaxRank = 64;
+constexpr int64_t kMaxSlots = int64_t{1} << 16;  // values passed between the segments of one call
 
 std::string libtorch_version() {
   return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
@@ -357,7 +361,9 @@ Sections read_container(const std::string& bytes, const std::string& path) {
     const std::string version = first.substr(std::min(first.size(), std::strlen(kMagic) + 1));
     char* end = nullptr;
     const long v = std::strtol(version.c_str(), &end, 10);
-    TORCH_CHECK(!version.empty() && *end == '\0', what, ": the file is corrupted (header '", first, "')");
+    TORCH_CHECK(first.size() > std::strlen(kMagic) && first[std::strlen(kMagic)] == ' ' && !version.empty() &&
+                    *end == '\0' && version == std::to_string(v),
+                what, ": the file is corrupted (header '", first, "')");
     TORCH_CHECK(v == kFormat, what, ": package format ", version, "; this torchcompile reads format ", kFormat,
                 v > kFormat ? " (written by a newer torchcompile: load it with that version, or save it again with this one)"
                             : " (save it again with this torchcompile)");
@@ -370,7 +376,8 @@ Sections read_container(const std::string& bytes, const std::string& path) {
     std::string word, name, sum;
     unsigned long long length = 0;
     ls >> word >> name >> length >> sum;
-    TORCH_CHECK(!ls.fail() && word == "section" && ls.peek() == EOF && sum.size() == 16, what,
+    // Exactly as written: a header line that reads the same after a change is still a change.
+    TORCH_CHECK(!ls.fail() && line == "section " + name + " " + std::to_string(length) + " " + sum, what,
                 ": the file is corrupted (bad section line '", line, "')");
     TORCH_CHECK(length <= bytes.size() - pos && bytes.size() - pos - length >= 1 && bytes[pos + length] == '\n', what,
                 ": the file is truncated or corrupted (section '", name, "' of ", length, " bytes at byte ", pos, ")");
@@ -620,6 +627,7 @@ class LoadedState {
     std::string eager_reason;
     std::string sizes_note;  // an entry for one combination of sizes: which, and why
     std::vector<std::string> symbols;  // `s0 in [2, inf)` for describe
+    runtime::PortableGuards portable;  // as saved (example_inputs)
     mutable std::mutex tree_mutex;
   };
 
@@ -693,6 +701,21 @@ std::vector<at::Tensor> zeros_for(const GraphModule& gm) {
   return xs;
 }
 
+// What a slot of a call holds when a segment reads it: a tensor of this dtype and rank.
+struct SlotInfo {
+  c10::ScalarType dtype;
+  size_t rank;
+};
+
+// The graph's output values, in order (null for an output that is None).
+std::vector<const ir::TensorMeta*> output_metas(const GraphModule& gm) {
+  std::vector<const ir::TensorMeta*> out;
+  const ir::Node* o = gm.graph().output_node();
+  if (o == nullptr || o->args().empty() || !o->args()[0].is_list()) return out;
+  for (const auto& v : o->args()[0].list()) out.push_back(v ? &v->node->output_meta().at(v->index) : nullptr);
+  return out;
+}
+
 struct Loader {
   detail::LoadedState& st;
   In& in;
@@ -759,21 +782,62 @@ struct Loader {
     return spec;
   }
 
+  // The graph's metadata must be what its operators give in this LibTorch at its example sizes
+  // (a file written wrongly, or an operator whose results changed between versions): the
+  // backends compile for that metadata.
+  void check_metadata(const GraphModule& gm, size_t g) {
+    std::vector<ir::TensorMeta> inputs;
+    for (const ir::Node* p : gm.graph().placeholders()) inputs.push_back(p->output_meta().at(0));
+    std::unordered_map<std::string, std::vector<ir::TensorMeta>> computed;
+    try {
+      computed = capture::metadata_at(gm, inputs);
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, st.what(), ": graph ", g, " fails in this LibTorch (", st.libtorch_note(), "): ",
+                  support::error_message(e));
+    }
+    for (const auto& n : gm.graph().nodes()) {
+      if (n->kind() != ir::NodeKind::CallFunction) continue;
+      auto it = computed.find(n->name());
+      if (it == computed.end()) continue;
+      const bool data_sizes = ir::node_results_depend_on_data(*n);
+      for (size_t i = 0; i < n->output_meta().size() && i < it->second.size(); ++i) {
+        const ir::TensorMeta &have = n->output_meta()[i], &got = it->second[i];
+        if (!have.defined || !got.defined) continue;
+        TORCH_CHECK(have.dtype == got.dtype && have.sizes.size() == got.sizes.size() && (data_sizes || have.sizes == got.sizes),
+                    st.what(), ": graph ", g, ": %", n->name(), " is ", have.str(), " in the file, but ",
+                    ir::op_target_name(n->op()), " gives ", got.str(), " in this LibTorch (", st.libtorch_note(), ")");
+      }
+    }
+  }
+
   // The segment's graph, compiled with the backend; a dynamic segment serves every size.
-  std::unique_ptr<Segment> read_segment(int depth) {
+  // `slots`: what each slot of the call holds when the segment runs.
+  std::unique_ptr<Segment> read_segment(int depth, std::vector<SlotInfo> slots) {
     if (depth > 1024) in.fail("graph breaks nested too deeply");
     in.expect("segment");
     auto seg = std::make_unique<Segment>();
     const size_t g = in.count();
     seg->gm = st.graph(g, in);
+    const std::string graph = "graph " + std::to_string(g);
     const size_t ni = in.count();
-    for (size_t i = 0; i < ni; ++i) seg->input_slots.push_back(static_cast<uint32_t>(in.num(0, kMaxCount)));
+    for (size_t i = 0; i < ni; ++i) seg->input_slots.push_back(static_cast<uint32_t>(in.num(0, kMaxSlots)));
     const size_t no = in.count();
-    for (size_t i = 0; i < no; ++i) seg->output_slots.push_back(static_cast<uint32_t>(in.num(0, kMaxCount)));
-    if (seg->gm->graph().placeholders().size() != seg->input_slots.size())
-      in.fail("graph " + std::to_string(g) + " has " + std::to_string(seg->gm->graph().placeholders().size()) +
-              " inputs, the segment " + std::to_string(seg->input_slots.size()));
+    for (size_t i = 0; i < no; ++i) seg->output_slots.push_back(static_cast<uint32_t>(in.num(0, kMaxSlots)));
+    const std::vector<ir::Node*> placeholders = seg->gm->graph().placeholders();
+    if (placeholders.size() != seg->input_slots.size())
+      in.fail(graph + " has " + std::to_string(placeholders.size()) + " inputs, the segment " +
+              std::to_string(seg->input_slots.size()));
+    for (size_t j = 0; j < placeholders.size(); ++j) {
+      const uint32_t s = seg->input_slots[j];
+      const ir::TensorMeta& m = placeholders[j]->output_meta().at(0);
+      if (s >= slots.size()) in.fail(graph + " reads slot " + std::to_string(s) + ", which holds nothing yet");
+      if (!m.defined || m.dtype != slots[s].dtype || m.sizes.size() != slots[s].rank)
+        in.fail(graph + ": input " + std::to_string(j) + " is " + m.str() + ", its slot holds a " +
+                c10::toString(slots[s].dtype) + " tensor of rank " + std::to_string(slots[s].rank));
+    }
+    check_metadata(*seg->gm, g);
     seg->key = ir::GraphKey(seg->gm->graph());
+    seg->effects = ir::effects_of(*seg->gm);
     const std::string kind = in.token();
     bool dynamic = false, symbolic = false;
     std::string static_reason;
@@ -785,10 +849,14 @@ struct Loader {
       static_reason = in.str();
       if (!symbolic) generic = st.graph(in.count(), in);
       plan = read_plan();
-      for (const SymbolicDim& d : plan.dims)
-        if (d.input >= seg->input_slots.size()) in.fail("a symbolic dimension of input " + std::to_string(d.input) + " (the graph has " + std::to_string(seg->input_slots.size()) + ")");
-      for (const SizeSymbol& s : plan.symbols)
-        if (s.input >= seg->input_slots.size()) in.fail("a symbol of input " + std::to_string(s.input));
+      auto check_dim = [&](uint32_t input, uint32_t dim) {
+        if (input >= placeholders.size() || dim >= placeholders[input]->output_meta().at(0).sizes.size())
+          in.fail("a size symbol of " + graph + " is dimension " + std::to_string(dim) + " of input " +
+                  std::to_string(input) + ", which the graph does not have");
+      };
+      for (const SymbolicDim& d : plan.dims) check_dim(d.input, d.dim);
+      for (const SizeSymbol& sym : plan.symbols) check_dim(sym.input, sym.dim);
+      for (const ExpressionDim& d : plan.expression_dims) check_dim(d.input, d.dim);
       if (symbolic && seg->gm->graph().symbols().empty()) in.fail("a symbolic segment whose graph has no size symbol");
     } else if (kind != "static") {
       in.fail("expected 'static' or 'dynamic', got '" + kind + "'");
@@ -809,12 +877,26 @@ struct Loader {
                                                   [&] { return examples; }, backend, backend_name, st.name);
       TORCH_CHECK(failure.empty(), st.what(), ": ", failure);
     }
+    const std::vector<const ir::TensorMeta*> outputs = output_metas(*seg->gm);
     const std::string next = in.token();
     if (next == "end") {
       seg->spec = read_spec();
+      for (size_t k = 0; k < seg->spec.undefined.size(); ++k)
+        if (seg->spec.undefined[k] >= outputs.size() + seg->spec.undefined.size() ||
+            (k > 0 && seg->spec.undefined[k] <= seg->spec.undefined[k - 1]))
+          in.fail("the results' undefined tensors are out of order or range");
       return seg;
     }
     if (next != "branch") in.fail("expected 'end' or 'branch', got '" + next + "'");
+    if (outputs.size() != seg->output_slots.size())
+      in.fail(graph + " has " + std::to_string(outputs.size()) + " outputs, the segment " +
+              std::to_string(seg->output_slots.size()));
+    for (size_t k = 0; k < outputs.size(); ++k) {
+      const uint32_t slot = seg->output_slots[k];
+      if (outputs[k] == nullptr || !outputs[k]->defined) in.fail(graph + " passes on an output that is not a tensor");
+      if (slot >= slots.size()) slots.resize(slot + 1, SlotInfo{c10::ScalarType::Undefined, 0});
+      slots[slot] = SlotInfo{outputs[k]->dtype, outputs[k]->sizes.size()};
+    }
     const std::string op = in.str(), overload = in.str();
     const c10::optional<c10::OperatorHandle> handle = c10::Dispatcher::singleton().findSchema({op, overload});
     TORCH_CHECK(handle.has_value(), st.what(), ": a graph break reads with the operator ", op,
@@ -823,7 +905,7 @@ struct Loader {
     const size_t nt = in.count();
     for (size_t i = 0; i < nt; ++i) {
       const int64_t index = in.num(0, static_cast<int64_t>(record.stack_template.size()) - 1);
-      const int64_t slot = in.num(0, kMaxCount);
+      const int64_t slot = in.num(0, static_cast<int64_t>(slots.size()) - 1);
       record.tensor_args.emplace_back(static_cast<uint32_t>(index), static_cast<uint32_t>(slot));
     }
     if (record.stack_template.size() != handle->schema().arguments().size())
@@ -831,7 +913,7 @@ struct Loader {
               std::to_string(handle->schema().arguments().size()));
     seg->branch = std::make_unique<BranchPoint>(std::move(record));
     const size_t nc = in.count();
-    for (size_t i = 0; i < nc; ++i) seg->branch->children.push_back(read_segment(depth + 1));
+    for (size_t i = 0; i < nc; ++i) seg->branch->children.push_back(read_segment(depth + 1, slots));
     in.expect("known");
     const size_t nk = in.count();
     std::vector<std::pair<std::vector<c10::IValue>, Segment*>> known;
@@ -947,7 +1029,30 @@ void save(const CompiledScriptModule& compiled, const std::string& path) {
   detail::save_package(compiled.state(), detail::PackageInterface{text}, path);
 }
 
+namespace {
+
+std::shared_ptr<detail::LoadedState> load_package(const std::string& path, const CompileOptions& options);
+
+}  // namespace
+
 LoadedModule load(const std::string& path, CompileOptions options) {
+  // Every error names the file: the loader's own do; others (an operator's, the unpickler's)
+  // get the file's name in front.
+  const std::string what = "torchcompile::load('" + path + "')";
+  try {
+    return LoadedModule(load_package(path, options));
+  } catch (const c10::Error& e) {
+    const std::string msg = e.what_without_backtrace();
+    if (msg.find(what) != std::string::npos) throw;
+    TORCH_CHECK(false, what, ": ", msg);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, what, ": ", e.what());
+  }
+}
+
+namespace {
+
+std::shared_ptr<detail::LoadedState> load_package(const std::string& path, const CompileOptions& options) {
   auto st = std::make_shared<detail::LoadedState>();
   st->path = path;
   std::string bytes;
@@ -1047,14 +1152,20 @@ LoadedModule load(const std::string& path, CompileOptions options) {
         e->symbols.push_back(sd.symbol + " = size " + std::to_string(sd.dim) + " of '" + p.tensor_names.at(sd.input) +
                              "' in " + runtime::size_range(sd.min, sd.max));
     e->guards = runtime::GuardSet::from_portable(p);
-    if (!eager) e->root = loader.read_segment(0);
+    e->portable = p;
+    std::vector<runtime::SlotInfo> slots;
+    for (const auto& t : p.tensors)
+      slots.push_back(t.defined ? runtime::SlotInfo{t.dtype, t.sizes.size()} : runtime::SlotInfo{c10::ScalarType::Undefined, 0});
+    if (!eager) e->root = loader.read_segment(0, std::move(slots));
     st->entries.push_back(std::move(e));
   }
   TORCH_CHECK(in.at_end(), st->what(), ": the manifest has more after its last entry");
   TORCHCOMPILE_LOG(logging::LogKind::Graph, "torchcompile::load(", path, "): ", ne, " entries, ", st->num_graphs,
                    " graphs compiled with backend '", options.backend, "'");
-  return LoadedModule(std::move(st));
+  return st;
 }
+
+}  // namespace
 
 // ---- calls ----------------------------------------------------------------------------------
 
@@ -1240,6 +1351,45 @@ const std::string& LoadedModule::name() const { return state_->name; }
 size_t LoadedModule::num_entries() const { return state_->entries.size(); }
 size_t LoadedModule::num_graphs() const { return state_->num_graphs; }
 std::vector<std::string> LoadedModule::graph_texts() const { return state_->graph_texts; }
+
+std::vector<c10::IValue> LoadedModule::example_inputs(size_t entry) const {
+  const detail::LoadedState& st = *state_;
+  TORCH_CHECK(entry < st.entries.size(), "LoadedModule(", st.name, ")::example_inputs: the package has ",
+              st.entries.size(), " entries");
+  const detail::LoadedState::Entry& e = *st.entries[entry];
+  const runtime::PortableGuards& p = e.portable;
+  std::vector<c10::IValue> out;
+  size_t t = 0;
+  auto tensor = [&]() {
+    TORCH_CHECK(t < p.tensors.size(), "LoadedModule: entry ", entry, " has fewer tensors than its arguments");
+    const runtime::PortableGuards::Tensor& g = p.tensors[t++];
+    if (!g.defined) return at::Tensor();
+    const auto options = at::TensorOptions().dtype(g.dtype);
+    if (at::isFloatingType(g.dtype) || at::isComplexType(g.dtype)) return at::randn(g.sizes, options);
+    if (g.dtype == at::kBool) return at::rand(g.sizes).gt(0.5);
+    return at::zeros(g.sizes, options);
+  };
+  const size_t n_args = st.schema ? st.schema->arguments().size() : p.items.size();
+  TORCH_CHECK(p.items.size() == n_args || !st.schema, "LoadedModule(", st.name, ")::example_inputs: entry ", entry,
+              " takes containers (tuples, lists, dicts): give its arguments yourself");
+  for (const runtime::ArgItem& it : p.items) {
+    switch (it.kind) {
+      case runtime::ArgItem::Tensor: out.push_back(it.i ? c10::IValue(tensor()) : c10::IValue()); break;
+      case runtime::ArgItem::TensorList: {
+        TORCH_CHECK(!st.schema, "LoadedModule(", st.name, ")::example_inputs: entry ", entry,
+                    " takes containers (tuples, lists, dicts): give its arguments yourself");
+        std::vector<at::Tensor> ts;
+        for (int64_t i = 0; i < it.i; ++i) ts.push_back(tensor());
+        out.emplace_back(std::move(ts));
+        break;
+      }
+      case runtime::ArgItem::Int: out.emplace_back(it.i); break;
+      case runtime::ArgItem::Double: out.emplace_back(it.d); break;
+      case runtime::ArgItem::Bool: out.emplace_back(it.i != 0); break;
+    }
+  }
+  return out;
+}
 
 std::vector<std::string> LoadedModule::describe() const {
   const detail::LoadedState& st = *state_;

@@ -1,4 +1,4 @@
-// Packages (runtime/package.h): compiled C++ modules and TorchScript archives saved with
+// Packages (frontend/package.h): compiled C++ modules and TorchScript archives saved with
 // torchcompile::save, loaded with torchcompile::load and compared with eager LibTorch; calls the
 // package has no graph for; weights replaced after load; bad files.
 #include "support/test_util.h"
@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <random>
 
 namespace {
@@ -419,10 +420,196 @@ TEST(Package, TorchScriptArchivesSavedAndLoaded) {
   expect_result(m.forward({x}, {{"scale", IValue(3.0)}}), module.forward({x}, {{"scale", IValue(3.0)}}), "kwargs");
 }
 
+// ---- a second process --------------------------------------------------------------------------
+
+// Packages and the calls to check (torch::pickle_save: arguments, keyword arguments, eager's
+// result, or the error expected) written for package_loader.
+class CaseWriter {
+ public:
+  explicit CaseWriter(std::string dir) : dir_(std::move(dir)) {}
+  template <typename C>
+  void save(const C& compiled, const std::string& name) {
+    torchcompile::save(compiled, dir_ + "/" + name + ".tcpkg");
+    name_ = name;
+    cases_ = c10::impl::GenericList(c10::AnyType::get());
+  }
+  void call(std::vector<IValue> args, IValue expected, std::unordered_map<std::string, IValue> kwargs = {}) {
+    add(std::move(args), std::move(kwargs), std::move(expected), "");
+  }
+  void error(std::vector<IValue> args, const std::string& message) { add(std::move(args), {}, IValue(), message); }
+  void finish() {
+    const std::vector<char> bytes = torch::jit::pickle_save(cases_);
+    write_file(dir_ + "/" + name_ + ".cases", std::string(bytes.begin(), bytes.end()));
+  }
+
+ private:
+  void add(std::vector<IValue> args, std::unordered_map<std::string, IValue> kwargs, IValue expected, std::string error) {
+    c10::impl::GenericList a(c10::AnyType::get());
+    for (auto& x : args) a.push_back(std::move(x));
+    c10::impl::GenericDict kw(c10::StringType::get(), c10::AnyType::get());
+    for (auto& [k, v] : kwargs) kw.insert(k, v);
+    cases_.push_back(c10::ivalue::Tuple::create({a, kw, std::move(expected), std::move(error)}));
+  }
+  std::string dir_, name_;
+  c10::impl::GenericList cases_{c10::AnyType::get()};
+};
+
+// The packages of a second process: written here, loaded by package_loader, a program without
+// any model code. The directory stays for the LibTorch 2 check (scripts/check-libtorch2.sh runs
+// the loader built against LibTorch 2.6 on these files, written by this build).
+TEST(Package, SecondProcessLoadsWithoutTheModelsCode) {
+  const char* bin = std::getenv("TORCHCOMPILE_TEST_BINARY_DIR");
+  const std::string dir = std::string(bin ? bin : "/tmp") + "/packages";
+  ASSERT_EQ(std::system(("rm -rf '" + dir + "' && mkdir -p '" + dir + "'").c_str()), 0);
+  CaseWriter w(dir);
+  torch::manual_seed(11);
+  torch::NoGradGuard no_grad;  // traced as served
+  const std::string uncaptured = "no graph in the package accepts this call";
+  {
+    torchcompile_examples::Mlp mlp;
+    auto fast = torch::compile(mlp, "default");
+    at::Tensor a = torch::randn({4, 784}), b = torch::randn({9, 784});
+    fast(a), fast(b);
+    w.save(fast, "mlp_static");
+    w.call({a}, mlp(a));
+    w.call({b}, mlp(b));
+    w.error({torch::randn({5, 784}, torch::kDouble)}, uncaptured);  // (the second size made the batch a symbol)
+    w.finish();
+  }
+  {
+    torchcompile_examples::Mlp mlp;
+    torchcompile::CompileOptions options("default");
+    options.dynamic = true;
+    auto fast = torch::compile(mlp, options);
+    fast(torch::randn({4, 784})), fast(torch::randn({6, 784}));
+    w.save(fast, "mlp_dynamic");
+    for (int64_t n : {4, 6, 13, 31, 2}) {  // sizes never seen when saved among them
+      at::Tensor x = torch::randn({n, 784});
+      w.call({x}, mlp(x));
+    }
+    w.finish();
+  }
+  {
+    Branchy branchy;
+    auto fast = torch::compile(branchy, "default");
+    at::Tensor pos = torch::randn({4, 16}) + 3, neg = torch::randn({4, 16}) - 3;
+    fast(pos);
+    w.save(fast, "branchy_one_branch");
+    w.call({pos}, branchy(pos));
+    w.error({neg}, "a value never seen before the package was saved");
+    w.finish();
+    fast(neg);
+    w.save(fast, "branchy_both");
+    w.call({pos}, branchy(pos));
+    w.call({neg}, branchy(neg));
+    w.finish();
+  }
+  {
+    Structured model;
+    auto fast = torch::compile(model, "default");
+    at::Tensor x = torch::randn({3, 8}), bias = torch::randn({8});
+    std::vector<at::Tensor> extra = {torch::randn({3, 8})};
+    fast(x, c10::optional<at::Tensor>(bias), 0.5, extra);
+    w.save(fast, "structured");
+    auto [y, outs] = model(x, bias, 0.5, extra);
+    w.call({x, bias, 0.5, extra}, c10::ivalue::Tuple::create({y, IValue(outs)}));
+    w.finish();
+  }
+  {
+    torchcompile_examples::ConvNet conv(8, 16);
+    conv->eval();
+    torchcompile::CompileOptions options("default");
+    options.dynamic = true;
+    auto fast = torch::compile(conv, options);
+    fast(torch::randn({2, 3, 16, 16})), fast(torch::randn({3, 3, 16, 16}));
+    w.save(fast, "conv_dynamic");
+    for (int64_t n : {2, 3, 5, 8}) {
+      at::Tensor x = torch::randn({n, 3, 16, 16});
+      w.call({x}, conv(x));
+    }
+    w.finish();
+  }
+  // TorchScript archives.
+  {
+    torch::jit::Module m = torch::jit::load(archive("encoder"));
+    m.eval();
+    auto fast = torch::compile(m, "default");
+    std::vector<std::vector<IValue>> calls = {{torch::randint(0, 1000, {3, 10}), torch::rand({3, 10}) > 0.7},
+                                              {torch::randint(0, 1000, {2, 10}), torch::rand({2, 10}) > 0.5}};
+    for (auto& c : calls) fast.forward(c);
+    w.save(fast, "ts_encoder");
+    for (auto& c : calls) w.call(c, m.forward(c));
+    w.error({torch::randint(0, 1000, {4, 12}), torch::rand({4, 12}) > 0.5}, uncaptured);
+    w.finish();
+  }
+  {
+    // TorchScript's adaptive_avg_pool2d reads the input's sizes on the host: each size is traced
+    // on its own, so the package serves those traced, and names them for another.
+    torch::jit::Module m = torch::jit::load(archive("cnn"));
+    m.eval();
+    torchcompile::CompileOptions options("default");
+    options.dynamic = true;
+    auto fast = torch::compile(m, options);
+    for (int64_t n : {2, 3, 5}) fast(torch::randn({n, 3, 32, 32}));
+    w.save(fast, "ts_cnn_dynamic");
+    for (int64_t n : {2, 3, 5}) {
+      at::Tensor x = torch::randn({n, 3, 32, 32});
+      w.call({x}, m.forward({x}));
+    }
+    w.error({torch::randn({4, 3, 32, 32})}, "traced one size at a time because host code read");
+    w.finish();
+  }
+  {
+    // A traced MLP reads no size: one graph with a symbol serves every batch.
+    torch::jit::Module m = torch::jit::load(archive("traced_mlp"));
+    m.eval();
+    torchcompile::CompileOptions options("default");
+    options.dynamic = true;
+    auto fast = torch::compile(m, options);
+    fast(torch::randn({32, 64})), fast(torch::randn({8, 64}));
+    w.save(fast, "ts_traced_mlp_dynamic");
+    for (int64_t n : {32, 8, 5, 77}) {
+      at::Tensor x = torch::randn({n, 64});
+      w.call({x}, m.forward({x}));
+    }
+    w.finish();
+  }
+  for (const char* name : {"lstm", "branchy_mlp", "traced_mlp"}) {
+    torch::jit::Module m = torch::jit::load(archive(name));
+    m.eval();
+    auto fast = torch::compile(m, "default");
+    std::vector<at::Tensor> xs;
+    if (std::string(name) == "lstm") xs = {torch::randn({6, 4, 32}), torch::randn({3, 4, 32})};
+    if (std::string(name) == "branchy_mlp") xs = {torch::randn({8, 16}) + 2, torch::randn({8, 16}) - 2};
+    if (std::string(name) == "traced_mlp") xs = {torch::randn({32, 64})};
+    for (const auto& x : xs) fast(x);
+    w.save(fast, std::string("ts_") + name);
+    for (const auto& x : xs) w.call({x}, m.forward({x}));
+    w.finish();
+  }
+  {
+    torch::jit::Module m = torch::jit::load(archive("submethod"));
+    auto fast = torch::compile(m, "default");
+    at::Tensor x = torch::randn({8, 16});
+    fast.forward({x}, {{"scale", IValue(3.0)}});
+    w.save(fast, "ts_submethod");
+    w.call({x}, m.forward({x}, {{"scale", IValue(3.0)}}), {{"scale", IValue(3.0)}});
+    w.finish();
+  }
+  const std::string command = std::string(TORCHCOMPILE_PACKAGE_LOADER) + " '" + dir + "' default eager onednn";
+  EXPECT_EQ(std::system(command.c_str()), 0) << command;
+}
+
 // ---- bad files --------------------------------------------------------------------------------
 
-// A package whose manifest was edited: checksums recomputed, so that the parsers see the edit.
-std::string with_manifest(const std::string& bytes, const std::function<std::string(std::string)>& edit);
+// A package whose section `name` was edited: checksums recomputed, so that the parsers see the edit.
+std::string with_section(const std::string& bytes, const std::string& section,
+                         const std::function<std::string(std::string)>& edit);
+std::string with_manifest(const std::string& bytes, const std::function<std::string(std::string)>& edit) {
+  return with_section(bytes, "manifest", edit);
+}
+// The names of a package's sections, in order.
+std::vector<std::string> section_names(const std::string& bytes);
 
 TEST(Package, BadFilesGiveClearErrors) {
   torchcompile_examples::Mlp mlp;
@@ -455,9 +642,16 @@ TEST(Package, BadFilesGiveClearErrors) {
   EXPECT_NE(err.find("package format 2; this torchcompile reads format 1 (written by a newer torchcompile"),
             std::string::npos)
       << err;
-  // An operator this LibTorch does not have.
+  // An operator this LibTorch does not have, in a graph and at a graph break.
   err = load_error(with_manifest(good, [](std::string m) { return m; }));
   EXPECT_EQ(err, "") << "an unchanged manifest loads";
+  err = load_error(with_section(good, "graph.0", [](std::string g) {
+    const size_t at = g.find("target=aten::");
+    const size_t end = g.find_first_of(",]", at);
+    return g.replace(at, end - at, "target=aten::no_such_operator");
+  }));
+  EXPECT_NE(err.find("graph 0 cannot be read by this LibTorch (written by LibTorch "), std::string::npos) << err;
+  EXPECT_NE(err.find("aten::no_such_operator"), std::string::npos) << err;
   Branchy branchy;
   auto fb = torch::compile(branchy, "eager");
   fb(torch::randn({4, 16}));
@@ -471,10 +665,9 @@ TEST(Package, BadFilesGiveClearErrors) {
       << err;
 }
 
-std::string with_manifest(const std::string& bytes, const std::function<std::string(std::string)>& edit) {
-  // Rewrite the container with the edited manifest (sections in order, checksums recomputed).
-  std::string out = bytes.substr(0, bytes.find('\n') + 1);
-  size_t pos = out.size();
+// Calls `f(name, data)` for each section of a well-formed package.
+void each_section(const std::string& bytes, const std::function<void(const std::string&, std::string&)>& f) {
+  size_t pos = bytes.find('\n') + 1;
   for (;;) {
     const size_t nl = bytes.find('\n', pos);
     const std::string line = bytes.substr(pos, nl - pos);
@@ -486,14 +679,182 @@ std::string with_manifest(const std::string& bytes, const std::function<std::str
     ls >> word >> name >> length;
     std::string data = bytes.substr(pos, length);
     pos += length + 1;
-    if (name == "manifest") data = edit(data);
+    f(name, data);
+  }
+}
+
+std::vector<std::string> section_names(const std::string& bytes) {
+  std::vector<std::string> names;
+  each_section(bytes, [&](const std::string& name, std::string&) { names.push_back(name); });
+  return names;
+}
+
+std::string with_section(const std::string& bytes, const std::string& section,
+                         const std::function<std::string(std::string)>& edit) {
+  // Rewrite the container with the edited section (sections in order, checksums recomputed).
+  std::string out = bytes.substr(0, bytes.find('\n') + 1);
+  each_section(bytes, [&](const std::string& name, std::string& data) {
+    if (name == section) data = edit(data);
     uint64_t h = 1469598103934665603ull;
     for (char c : data) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
     char sum[24];
     std::snprintf(sum, sizeof sum, "%016llx", static_cast<unsigned long long>(h));
     out += "section " + name + " " + std::to_string(data.size()) + " " + sum + "\n" + data + "\n";
-  }
+  });
   return out + "end\n";
+}
+
+// ---- the loader, fuzzed -------------------------------------------------------------------------
+
+// Mutated packages (random byte flips, truncations, insertions; and edits of the manifest and
+// graph sections with their checksums recomputed, so that the parsers themselves see damaged
+// text): each load is an error naming the file, or a load whose calls return or throw; nothing
+// crashes (the asan label runs this test too). A mutation that leaves the checksums as they
+// were must always be an error. The weights section is LibTorch's own format, read by its
+// unpickler: it is mutated only under its checksum. TORCHCOMPILE_PACKAGE_FUZZ_CASES (10,000 by
+// default) and TORCHCOMPILE_PACKAGE_FUZZ_SEED choose the cases.
+TEST(PackageFuzz, MutatedPackagesAreClearErrorsOrLoads) {
+  const char* cases_env = std::getenv("TORCHCOMPILE_PACKAGE_FUZZ_CASES");
+  const char* seed_env = std::getenv("TORCHCOMPILE_PACKAGE_FUZZ_SEED");
+  const int cases = cases_env ? std::atoi(cases_env) : 10000;
+  const uint64_t seed = seed_env ? std::strtoull(seed_env, nullptr, 10) : 20261128;
+  std::mt19937_64 rng(seed);
+  torch::manual_seed(12);
+  torch::NoGradGuard no_grad;
+
+  // Three real packages: a graph break with both branches, a symbolic MLP, a TorchScript method.
+  struct Base {
+    std::string bytes;
+    std::vector<IValue> args;
+  };
+  std::vector<Base> bases;
+  {
+    Branchy branchy;
+    auto fast = torch::compile(branchy, "eager");
+    at::Tensor pos = torch::randn({4, 16}) + 3, neg = torch::randn({4, 16}) - 3;
+    fast(pos), fast(neg);
+    torchcompile::save(fast, temp_path("fuzz_base"));
+    bases.push_back({read_file(temp_path("fuzz_base")), {pos}});
+  }
+  {
+    auto mlp = torch::nn::Sequential(torch::nn::Linear(16, 8), torch::nn::ReLU(), torch::nn::Linear(8, 4));
+    torchcompile::CompileOptions options("eager");
+    options.dynamic = true;
+    auto fast = torch::compile(mlp, options);
+    fast(torch::randn({3, 16})), fast(torch::randn({5, 16}));
+    torchcompile::save(fast, temp_path("fuzz_base"));
+    bases.push_back({read_file(temp_path("fuzz_base")), {torch::randn({7, 16})}});
+  }
+  {
+    torch::jit::Module m = torch::jit::load(archive("branchy_mlp"));
+    auto fast = torch::compile(m, "eager");
+    at::Tensor x = torch::randn({8, 16}) + 2;
+    fast(x);
+    torchcompile::save(fast, temp_path("fuzz_base"));
+    bases.push_back({read_file(temp_path("fuzz_base")), {x}});
+  }
+  for (const Base& b : bases) {  // each base loads and runs
+    write_file(temp_path("fuzz"), b.bytes);
+    ASSERT_EQ(error_of([&] { torchcompile::load(temp_path("fuzz"), "eager").forward(b.args); }), "");
+  }
+
+  auto pick = [&](size_t n) { return n == 0 ? size_t{0} : static_cast<size_t>(rng() % n); };
+  auto mutate_text = [&](std::string t) {
+    switch (pick(6)) {
+      case 0:  // flip bytes
+        for (size_t k = 0, n = 1 + pick(4); k < n && !t.empty(); ++k) t[pick(t.size())] = static_cast<char>(rng());
+        break;
+      case 1: {  // replace a token
+        std::vector<std::pair<size_t, size_t>> tokens;
+        for (size_t i = 0; i < t.size();) {
+          while (i < t.size() && std::isspace(static_cast<unsigned char>(t[i]))) ++i;
+          const size_t start = i;
+          while (i < t.size() && !std::isspace(static_cast<unsigned char>(t[i]))) ++i;
+          if (i > start) tokens.emplace_back(start, i - start);
+        }
+        if (tokens.empty()) break;
+        const auto [start, len] = tokens[pick(tokens.size())];
+        static const char* replacements[] = {"0", "1", "-1", "2", "7", "64", "65", "4294967296", "9223372036854775807",
+                                             "-9223372036854775808", "\"\"", "\"", "none", "tensor", "list", "segment",
+                                             "branch", "end", "dynamic", "0x7ff8000000000000", "Float", "Long"};
+        const auto other = tokens[pick(tokens.size())];
+        std::string r = pick(3) == 0 ? t.substr(other.first, other.second)
+                                     : replacements[pick(sizeof replacements / sizeof *replacements)];
+        t.replace(start, len, r);
+        break;
+      }
+      case 2: {  // delete a line
+        const size_t a = t.rfind('\n', pick(t.size()));
+        const size_t from = a == std::string::npos ? 0 : a + 1, to = t.find('\n', from);
+        t.erase(from, to == std::string::npos ? std::string::npos : to - from + 1);
+        break;
+      }
+      case 3: {  // duplicate a line
+        const size_t a = t.rfind('\n', pick(t.size()));
+        const size_t from = a == std::string::npos ? 0 : a + 1, to = t.find('\n', from);
+        const std::string line = t.substr(from, to == std::string::npos ? std::string::npos : to - from + 1);
+        t.insert(from, line);
+        break;
+      }
+      case 4:  // truncate
+        t.resize(pick(t.size() + 1));
+        break;
+      default: {  // swap two digits' worth: change one number by a little
+        for (size_t tries = 0; tries < 64; ++tries) {
+          const size_t i = pick(t.size());
+          if (i < t.size() && std::isdigit(static_cast<unsigned char>(t[i]))) {
+            t[i] = static_cast<char>('0' + (t[i] - '0' + 1 + pick(9)) % 10);
+            break;
+          }
+        }
+      }
+    }
+    return t;
+  };
+
+  size_t errors = 0, loads = 0, calls_ok = 0, calls_failed = 0;
+  const std::string path = temp_path("fuzz");
+  for (int i = 0; i < cases; ++i) {
+    const Base& base = bases[static_cast<size_t>(i) % bases.size()];
+    std::string bytes = base.bytes;
+    const bool raw = pick(2) == 0;
+    if (raw) {
+      switch (pick(4)) {
+        case 0:
+          for (size_t k = 0, n = 1 + pick(8); k < n; ++k) bytes[pick(bytes.size())] ^= static_cast<char>(1 + pick(255));
+          break;
+        case 1: bytes.resize(pick(bytes.size())); break;
+        case 2: bytes.insert(pick(bytes.size() + 1), std::string(1 + pick(16), static_cast<char>(rng()))); break;
+        default: bytes.erase(pick(bytes.size()), 1 + pick(16)); break;
+      }
+    } else {
+      std::vector<std::string> names = section_names(bytes);
+      names.erase(std::remove(names.begin(), names.end(), "weights"), names.end());
+      const std::string section = pick(10) < 7 ? "manifest" : names[pick(names.size())];
+      bytes = with_section(bytes, section, mutate_text);
+    }
+    write_file(path, bytes);
+    std::optional<LoadedModule> m;
+    try {
+      m.emplace(torchcompile::load(path, "eager"));
+    } catch (const c10::Error& e) {
+      ++errors;
+      const std::string msg = e.what_without_backtrace();
+      ASSERT_NE(msg.find(path), std::string::npos) << "case " << i << ": an error that does not name the file: " << msg;
+      continue;
+    }
+    ASSERT_FALSE(raw) << "case " << i << ": a damaged file loaded (its checksums should have failed)";
+    ++loads;
+    try {
+      m->forward(base.args);
+      ++calls_ok;
+    } catch (const std::exception&) {
+      ++calls_failed;
+    }
+  }
+  std::cout << "package fuzz (seed " << seed << "): " << cases << " mutated packages: " << errors << " errors, " << loads
+            << " loads (" << calls_ok << " calls returned, " << calls_failed << " threw)" << std::endl;
+  EXPECT_EQ(errors + loads, static_cast<size_t>(cases));
 }
 
 }  // namespace

@@ -89,9 +89,13 @@ class LoadedModule {
   /// Number of saved entries and the number of graphs compiled at load.
   size_t num_entries() const;
   size_t num_graphs() const;
-  /// The graphs of every entry in the text format, in order (for tools: run them with the
-  /// interpreter to check a backend).
+  /// The graphs of every entry in the text format, in order.
   std::vector<std::string> graph_texts() const;
+  /// Arguments that entry `entry` accepts, for tools and smoke tests: tensors of its sizes (the
+  /// traced ones for symbols) and dtypes, floating ones standard normal, integers zero, bools
+  /// random; its scalars. Throws for an entry whose arguments hold containers of a TorchScript
+  /// method (give the arguments yourself).
+  std::vector<c10::IValue> example_inputs(size_t entry = 0) const;
 
  private:
   friend LoadedModule load(const std::string& path, CompileOptions options);
