@@ -221,10 +221,16 @@ std::unique_ptr<GuardSet> GuardSet::build(const CallArgs& args, const std::share
 
 namespace {
 
+// Whether two key sets differ at most in autograd's keys (an inference tensor and a normal one).
+bool same_but_autograd(c10::DispatchKeySet a, c10::DispatchKeySet b) {
+  const c10::DispatchKeySet autograd = c10::autograd_dispatch_keyset | c10::DispatchKeySet(c10::DispatchKey::ADInplaceOrView);
+  return (a - autograd) == (b - autograd);
+}
+
+
 // The dispatch keys of a plain CPU tensor of `dtype`, or of an inference tensor.
 c10::DispatchKeySet plain_keys(c10::ScalarType dtype, bool inference) {
-  std::optional<c10::InferenceMode> guard;
-  if (inference) guard.emplace();
+  c10::InferenceMode mode(inference);
   return at::empty({0}, at::TensorOptions().dtype(dtype)).key_set();
 }
 
@@ -390,7 +396,7 @@ bool GuardSet::evaluate(const CallArgs& args, std::string* reason) const {
                     c10::typeMetaToScalarType(impl->dtype()));
     if (impl->device() != g.device)
       TC_GUARD_FAIL("tensor '", tensor_names_[i], "' device mismatch: expected ", g.device, ", got ", impl->device());
-    if (impl->key_set() != g.keys) {
+    if (impl->key_set() != g.keys && !(!autograd_guarded_ && same_but_autograd(impl->key_set(), g.keys))) {
       if constexpr (kWithReason) {
         const c10::Layout expected = layout_of(g.keys), actual = layout_of(impl->key_set());
         if (expected != actual)

@@ -68,8 +68,9 @@ class GuardSet {
   /// These guards as a package holds them, or why they cannot be (an input on another device,
   /// of another layout, or one of the module's own parameters passed as an argument).
   std::string to_portable(PortableGuards& out) const;
-  /// Guards from a package: no module is guarded, nor grad mode (a loaded package runs the
-  /// forward graphs it holds whatever the grad mode is; its inputs must not require grad).
+  /// Guards from a package: no module is guarded, nor grad mode, nor whether an input is an
+  /// inference tensor (a loaded package runs the forward graphs it holds whatever the autograd
+  /// state is; its inputs must not require grad).
   static std::unique_ptr<GuardSet> from_portable(const PortableGuards& p);
 
   /// Guards for a call with `args` to the compiled object whose root module is `root` (may

@@ -50,6 +50,15 @@ struct BranchyImpl : torch::nn::Module {
 };
 TORCH_MODULE(Branchy);
 
+// Inputs taking each branch of `b` (its bias is zeroed, so that negating an input negates the sum).
+std::pair<at::Tensor, at::Tensor> branch_inputs(Branchy& b) {
+  torch::NoGradGuard no_grad;
+  b->fc->bias.zero_();
+  at::Tensor x = torch::randn({4, 16});
+  if (b->fc(x).sum().item<float>() < 0) x = -x;
+  return {x, -x};
+}
+
 // Several arguments and a structured result: an optional tensor, a scalar, a list of tensors,
 // and a tuple with a vector in it.
 struct StructuredImpl : torch::nn::Module {
@@ -161,7 +170,10 @@ TEST(Package, SavedModulesGiveEagerResultsWithEveryBackend) {
       auto fast = torch::compile(branchy, backend);
       // Inputs that take both branches before saving.
       std::vector<at::Tensor> xs;
-      for (int i = 0; i < 12; ++i) xs.push_back(torch::randn({4, 16}) + (i % 2 ? 3 : -3));
+      for (int i = 0; i < 6; ++i) {
+        const auto [pos, neg] = branch_inputs(branchy);
+        xs.push_back(pos), xs.push_back(neg);
+      }
       for (const auto& x : xs) fast(x);
       ASSERT_EQ(fast.state().entries().front()->num_graphs(), 3u);
       const std::string path = temp_path(std::string("branchy_") + backend);
@@ -289,6 +301,13 @@ TEST(Package, CallsNeedingTheModulesCodeThrowTheDocumentedError) {
   EXPECT_NE(err.find("no graph in the package accepts this call"), std::string::npos) << err;
   EXPECT_NE(err.find("tensor 'arg0' size mismatch at index 0: expected 4, got 5"), std::string::npos) << err;
   EXPECT_NE(err.find("dynamic = true"), std::string::npos) << err;
+  {
+    // Inference tensors and normal ones alike, whatever the mode.
+    at::Tensor x = torch::randn({4, 784});
+    c10::InferenceMode inference;
+    expect_result(m(x), mlp(x), "a normal tensor in inference mode");
+    expect_result(m(x.clone()), mlp(x), "an inference tensor");
+  }
   err = error_of([&] { m(torch::randn({4, 784}, torch::requires_grad())); });
   EXPECT_NE(err.find("requires grad; a loaded package runs inference"), std::string::npos) << err;
   err = error_of([&] { m(torch::randn({4, 784}), torch::randn({4})); });
@@ -297,13 +316,12 @@ TEST(Package, CallsNeedingTheModulesCodeThrowTheDocumentedError) {
   // A branch value never seen before saving.
   Branchy branchy;
   auto fb = torch::compile(branchy, "default");
-  at::Tensor positive = torch::randn({4, 16}) + 3;
+  const auto [positive, negative] = branch_inputs(branchy);
   ASSERT_GT(branchy->fc(positive).sum().item<float>(), 0);
   fb(positive);
   torchcompile::save(fb, temp_path("branchy_one"));
   LoadedModule mb = torchcompile::load(temp_path("branchy_one"), "default");
   expect_result(mb(positive), branchy(positive), "taken branch");
-  at::Tensor negative = torch::randn({4, 16}) - 3;
   ASSERT_LT(branchy->fc(negative).sum().item<float>(), 0);
   err = error_of([&] { mb(negative); });
   EXPECT_NE(err.find("the graph break on aten::item read -"), std::string::npos) << err;
@@ -492,7 +510,7 @@ TEST(Package, SecondProcessLoadsWithoutTheModelsCode) {
   {
     Branchy branchy;
     auto fast = torch::compile(branchy, "default");
-    at::Tensor pos = torch::randn({4, 16}) + 3, neg = torch::randn({4, 16}) - 3;
+    const auto [pos, neg] = branch_inputs(branchy);
     fast(pos);
     w.save(fast, "branchy_one_branch");
     w.call({pos}, branchy(pos));
@@ -731,7 +749,7 @@ TEST(PackageFuzz, MutatedPackagesAreClearErrorsOrLoads) {
   {
     Branchy branchy;
     auto fast = torch::compile(branchy, "eager");
-    at::Tensor pos = torch::randn({4, 16}) + 3, neg = torch::randn({4, 16}) - 3;
+    const auto [pos, neg] = branch_inputs(branchy);
     fast(pos), fast(neg);
     torchcompile::save(fast, temp_path("fuzz_base"));
     bases.push_back({read_file(temp_path("fuzz_base")), {pos}});
