@@ -61,6 +61,7 @@ constexpr const char* kMagic = "TORCHCOMPILE-PACKAGE";
 constexpr int64_t kMaxCount = int64_t{1} << 24;
 constexpr int64_t kMaxRank = 64;
 constexpr int64_t kMaxSlots = int64_t{1} << 16;  // values passed between the segments of one call
+constexpr int64_t kMaxExampleElements = int64_t{1} << 28;  // a graph input's example, allocated at load
 
 std::string libtorch_version() {
   return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
@@ -834,6 +835,16 @@ struct Loader {
       if (!m.defined || m.dtype != slots[s].dtype || m.sizes.size() != slots[s].rank)
         in.fail(graph + ": input " + std::to_string(j) + " is " + m.str() + ", its slot holds a " +
                 c10::toString(slots[s].dtype) + " tensor of rank " + std::to_string(slots[s].rank));
+      // Its example (zeros, for the backend) is allocated: bounded before anything is.
+      int64_t last = 0;
+      bool bad = m.strides.size() != m.sizes.size();
+      for (size_t d = 0; !bad && d < m.sizes.size(); ++d) {
+        bad = m.sizes[d] < 0 || m.strides[d] < 0 || m.sizes[d] > kMaxExampleElements ||
+              m.strides[d] > kMaxExampleElements;
+        if (!bad && m.sizes[d] > 0) last += (m.sizes[d] - 1) * m.strides[d];
+        bad = bad || last > kMaxExampleElements;
+      }
+      if (bad) in.fail(graph + ": input " + std::to_string(j) + " (" + m.str() + ") has sizes or strides out of range");
     }
     check_metadata(*seg->gm, g);
     seg->key = ir::GraphKey(seg->gm->graph());
