@@ -44,6 +44,15 @@ std::vector<at::Tensor> run_segment(const Segment& seg, const std::vector<at::Te
   return seg.fn(std::move(inputs));
 }
 
+// A segment ending in a branch passes its outputs on in the call's slots.
+void store_outputs(const Segment& seg, std::vector<at::Tensor> outs, std::vector<at::Tensor>& env) {
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const uint32_t s = seg.output_slots[i];
+    if (env.size() <= s) env.resize(s + 1);
+    env[s] = std::move(outs[i]);
+  }
+}
+
 // Execute the host read of a branch point on this call's tensors.
 std::vector<c10::IValue> read_key(const BranchPoint& bp, const std::vector<at::Tensor>& env) {
   torch::jit::Stack stack = bp.record.stack_template;
@@ -186,11 +195,7 @@ std::vector<at::Tensor> CompiledFunction::run_entry(const CompiledEntry& entry, 
       spec = seg->spec;
       return with_undefined(std::move(outs), spec);
     }
-    for (size_t i = 0; i < outs.size(); ++i) {
-      const uint32_t s = seg->output_slots[i];
-      if (env.size() <= s) env.resize(s + 1);
-      env[s] = std::move(outs[i]);
-    }
+    store_outputs(*seg, std::move(outs), env);
     std::vector<c10::IValue> key = read_key(*seg->branch, env);
     path.push_back(seg);
     Segment* next;
@@ -227,11 +232,7 @@ std::vector<at::Tensor> run_fixed_tree(
       spec = seg->spec;
       return with_undefined(std::move(outs), spec);
     }
-    for (size_t i = 0; i < outs.size(); ++i) {
-      const uint32_t s = seg->output_slots[i];
-      if (env.size() <= s) env.resize(s + 1);
-      env[s] = std::move(outs[i]);
-    }
+    store_outputs(*seg, std::move(outs), env);
     const std::vector<c10::IValue> key = read_key(*seg->branch, env);
     const Segment* next;
     {
@@ -245,9 +246,8 @@ std::vector<at::Tensor> run_fixed_tree(
       // continuation is this call's, and the compiled value is remembered for it.
       std::vector<at::Tensor> inputs_again;
       for (uint32_t s : seg->input_slots) inputs_again.push_back(env[s]);
-      std::vector<at::Tensor> by_aten = seg->gm->forward(std::move(inputs_again));
       std::vector<at::Tensor> env_aten = env;
-      for (size_t i = 0; i < by_aten.size() && i < seg->output_slots.size(); ++i) env_aten[seg->output_slots[i]] = by_aten[i];
+      store_outputs(*seg, seg->gm->forward(std::move(inputs_again)), env_aten);
       const std::vector<c10::IValue> aten_key = read_key(*seg->branch, env_aten);
       std::lock_guard<std::mutex> lock(tree_mutex);
       next = seg->branch->find(aten_key);
