@@ -116,23 +116,8 @@ void expect_result(const IValue& got, const IValue& expected, const std::string&
   }
 }
 
-// A backend by name that counts its calls (compiles), around `inner`.
 std::string counting(const std::string& inner, std::shared_ptr<std::atomic<int>>& calls) {
-  static std::mutex mutex;
-  static std::map<std::string, std::shared_ptr<std::atomic<int>>> counters;
-  std::lock_guard<std::mutex> lock(mutex);
-  const std::string name = "package_count_" + inner;
-  if (!counters.count(name)) {
-    auto c = std::make_shared<std::atomic<int>>(0);
-    counters[name] = c;
-    torchcompile::register_backend(name, [inner, c](torchcompile::GraphModule& gm, const std::vector<at::Tensor>& ex) {
-      ++*c;
-      return torchcompile::lookup_backend(inner)(gm, ex);
-    });
-  }
-  calls = counters[name];
-  *calls = 0;
-  return name;
+  return tc_test::counting_backend_named("package_count", inner, calls);
 }
 
 // ---- C++ modules ------------------------------------------------------------------------------

@@ -14,23 +14,8 @@ using torch::jit::IValue;
 
 std::string archive(const std::string& name) { return std::string(TORCHCOMPILE_TORCHSCRIPT_MODELS) + "/" + name + ".pt"; }
 
-// A backend registered by name that counts its calls, around a built-in one.
 std::string counting(const std::string& inner, std::shared_ptr<std::atomic<int>>& calls) {
-  static std::mutex mutex;
-  static std::map<std::string, std::shared_ptr<std::atomic<int>>> counters;
-  std::lock_guard<std::mutex> lock(mutex);
-  const std::string name = "script_count_" + inner;
-  if (!counters.count(name)) {
-    auto c = std::make_shared<std::atomic<int>>(0);
-    counters[name] = c;
-    torchcompile::register_backend(name, [inner, c](torchcompile::GraphModule& gm, const std::vector<at::Tensor>& ex) {
-      ++*c;
-      return torchcompile::lookup_backend(inner)(gm, ex);
-    });
-  }
-  calls = counters[name];
-  *calls = 0;
-  return name;
+  return tc_test::counting_backend_named("script_count", inner, calls);
 }
 
 // `actual` is `expected`: the same structure, tensors close (rtol 1e-4, atol 1e-5), other values equal.

@@ -1,5 +1,8 @@
 #include "support/test_util.h"
 
+#include <map>
+#include <mutex>
+
 #include <torchcompile/ir/parser.h>
 
 #include <torchcompile/ir/graph_module.h>
@@ -160,6 +163,25 @@ torchcompile::Backend counting_backend(std::shared_ptr<std::atomic<int>> count) 
     ++*count;
     return [&gm](std::vector<at::Tensor> in) { return gm.forward(std::move(in)); };
   };
+}
+
+std::string counting_backend_named(const std::string& prefix, const std::string& inner,
+                                   std::shared_ptr<std::atomic<int>>& calls) {
+  static std::mutex mutex;
+  static std::map<std::string, std::shared_ptr<std::atomic<int>>> counters;
+  std::lock_guard<std::mutex> lock(mutex);
+  const std::string name = prefix + "_" + inner;
+  if (!counters.count(name)) {
+    auto c = std::make_shared<std::atomic<int>>(0);
+    counters[name] = c;
+    torchcompile::register_backend(name, [inner, c](torchcompile::GraphModule& gm, const std::vector<at::Tensor>& ex) {
+      ++*c;
+      return torchcompile::lookup_backend(inner)(gm, ex);
+    });
+  }
+  calls = counters[name];
+  *calls = 0;
+  return name;
 }
 
 std::string partition_of(const torchcompile::ExplainOutput& e) {

@@ -97,6 +97,12 @@ std::unique_ptr<torchcompile::GraphModule> cos_graph(const at::Tensor& example);
 /// A backend that runs the graph as it is and counts how often it compiled.
 torchcompile::Backend counting_backend(std::shared_ptr<std::atomic<int>> count);
 
+/// The name of a backend registered under `<prefix>_<inner>` that counts its calls (compiles)
+/// in `calls` (reset to 0 here) and compiles with the registered backend `inner`: for tests
+/// that must name a backend (TorchScript modules, packages loaded by name).
+std::string counting_backend_named(const std::string& prefix, const std::string& inner,
+                                   std::shared_ptr<std::atomic<int>>& calls);
+
 /// The compiled function's result on its second call: the first one traces, computing eager's
 /// result while it records (comparing that with eager would test nothing).
 template <class C, class... A>
