@@ -11,6 +11,7 @@
 #include <fstream>
 #include <optional>
 #include <random>
+#include <thread>
 
 namespace {
 
@@ -354,6 +355,49 @@ TEST(Package, WeightsCanBeReplacedAfterLoad) {
     err = error_of([&] { m.load_state_dict({{"fc.weight", weights["fc.weight"]}}); });
     EXPECT_NE(err.find("is missing (strict = false"), std::string::npos) << err;
   }
+}
+
+// Four threads call one loaded module (a graph break whose compiled values are read again from
+// ATen's run the first time, a symbolic entry) while a fifth replaces its weights with the
+// same values: every result is eager's (the tsan label runs this test too).
+TEST(Package, FourThreadsAtOnce) {
+  torch::manual_seed(6);
+  torch::NoGradGuard no_grad;
+  Branchy branchy;
+  auto fast = torch::compile(branchy, "default");
+  std::vector<at::Tensor> xs;
+  for (int i = 0; i < 4; ++i) {
+    const auto [pos, neg] = branch_inputs(branchy);
+    xs.push_back(pos), xs.push_back(neg);
+  }
+  for (const auto& x : xs) fast(x);  // traced: the keys are ATen's values
+  torchcompile::save(fast, temp_path("threads"));
+  LoadedModule m = torchcompile::load(temp_path("threads"), "default");
+  std::vector<at::Tensor> expected;
+  for (const auto& x : xs) expected.push_back(branchy(x));
+  const std::map<std::string, at::Tensor> weights = m.state_dict();
+  std::map<std::string, at::Tensor> same;
+  for (const auto& [name, t] : weights) same[name] = t.clone();
+  std::atomic<int> mismatches{0}, errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 50; ++i) {
+        const size_t k = static_cast<size_t>(t + i) % xs.size();
+        try {
+          if (!at::allclose(m(xs[k]).toTensor(), expected[k], 1e-4, 1e-5)) ++mismatches;
+        } catch (const std::exception&) {
+          ++errors;
+        }
+      }
+    });
+  }
+  threads.emplace_back([&] {
+    for (int i = 0; i < 10; ++i) m.load_state_dict(same);
+  });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches.load(), 0);
+  EXPECT_EQ(errors.load(), 0);
 }
 
 // The weights section is a torch.save file: LibTorch's reader (and Python's torch.load, see the
