@@ -469,7 +469,8 @@ struct PackageAccess {
     o.line();
   }
 
-  static void write_segment(Writer& w, const Segment& seg, bool script, std::mutex& tree_mutex) {
+  // The caller holds the entry's tree mutex (a call on another thread may grow the tree).
+  static void write_segment(Writer& w, const Segment& seg, bool script) {
     Out& o = w.out;
     const size_t g = w.add_graph(*seg.gm);
     o.word("segment").num(static_cast<int64_t>(g)).num(static_cast<int64_t>(seg.input_slots.size()));
@@ -494,19 +495,16 @@ struct PackageAccess {
     }
     const BranchPoint& bp = *seg.branch;
     std::vector<std::pair<std::vector<c10::IValue>, size_t>> known;
-    {
-      std::lock_guard<std::mutex> lock(tree_mutex);
-      for (const auto& [key, child] : bp.known)
-        for (size_t c = 0; c < bp.children.size(); ++c)
-          if (bp.children[c].get() == child) known.emplace_back(key, c);
-    }
+    for (const auto& [key, child] : bp.known)
+      for (size_t c = 0; c < bp.children.size(); ++c)
+        if (bp.children[c].get() == child) known.emplace_back(key, c);
     const c10::OperatorName& op = bp.record.op.schema().operator_name();
     o.word("branch").str(op.name).str(op.overload_name);
     write_values(o, bp.record.stack_template, "the arguments of the graph break on " + bp.op_name);
     o.num(static_cast<int64_t>(bp.record.tensor_args.size()));
     for (const auto& [index, slot] : bp.record.tensor_args) o.num(index).num(slot);
     o.num(static_cast<int64_t>(bp.children.size())).line();
-    for (const auto& c : bp.children) write_segment(w, *c, script, tree_mutex);
+    for (const auto& c : bp.children) write_segment(w, *c, script);
     o.word("known").num(static_cast<int64_t>(known.size())).line();
     for (const auto& [key, c] : known) {
       write_values(o, key, "the value read by the graph break on " + bp.op_name);
@@ -553,7 +551,10 @@ struct PackageAccess {
       o.num(eager).str(eager ? (t.eager_reason_.empty() ? std::string("it ran eagerly") : t.eager_reason_) : "");
       o.str(sizes).line();
       write_guards(o, guards);
-      if (!eager) write_segment(w, *t.root_, script, t.tree_mutex_);
+      if (!eager) {
+        std::lock_guard<std::mutex> lock(t.tree_mutex_);
+        write_segment(w, *t.root_, script);
+      }
     };
     if (!e.replays_) return tree(e, p, "");
     const ForwardReplays& r = *e.replays_;
