@@ -296,7 +296,10 @@ std::vector<at::Tensor> Runtime::call(const c10::intrusive_ptr<Runtime>& self, s
   return self->assemble(outs, ps);
 }
 
-std::vector<at::Tensor> zeros_like_meta(const ir::GraphModule& gm) {
+
+}  // namespace
+
+std::vector<at::Tensor> zeros_like_placeholders(const ir::GraphModule& gm) {
   std::vector<at::Tensor> xs;
   for (const ir::Node* p : gm.graph().placeholders()) {
     const ir::TensorMeta& m = p->output_meta().at(0);
@@ -305,8 +308,6 @@ std::vector<at::Tensor> zeros_like_meta(const ir::GraphModule& gm) {
   }
   return xs;
 }
-
-}  // namespace
 
 AotGraphs trace_and_partition(GraphModule& gm, const std::vector<at::Tensor>& example_inputs,
                               const DecompositionTable& decompositions, Partitioner partition) {
@@ -387,7 +388,7 @@ CompiledFn compile_pair(GraphModule& gm, const std::vector<at::Tensor>& example_
     rt->backward_gm = std::move(part.backward);
     step.emplace("aot: backward compiler");
     at::NoGradGuard no_grad;
-    const std::vector<at::Tensor> bw_examples = zeros_like_meta(*rt->backward_gm);
+    const std::vector<at::Tensor> bw_examples = zeros_like_placeholders(*rt->backward_gm);
     detail::verify_text_round_trip(*rt->backward_gm, bw_examples);
     detail::take_decline_reason();
     rt->backward = or_interpreter(bw_compiler(*rt->backward_gm, bw_examples), *rt->backward_gm, "backward");

@@ -86,5 +86,8 @@ bool liftable(const ir::GraphModule& gm, bool training, std::string* why);
 /// Whether a call with these inputs (and the graph's module state) trains: grad mode is on and
 /// some input or attribute requires grad.
 bool wants_gradients(const ir::GraphModule& gm, const std::vector<at::Tensor>& inputs);
+/// Zeros with each placeholder's traced metadata (dtype, sizes, strides, device): example inputs
+/// of a graph that has none at hand (a backward graph, a graph loaded from a package).
+std::vector<at::Tensor> zeros_like_placeholders(const ir::GraphModule& gm);
 
 }  // namespace torchcompile::aot

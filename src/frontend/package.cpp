@@ -24,6 +24,7 @@
 #include <torchcompile/ir/printer.h>
 #include <torchcompile/support/logging.h>
 
+#include "aot/aot_internal.h"
 #include "capture/metadata_at.h"
 #include "compile/pipeline.h"
 #include "frontend/script_values.h"
@@ -693,15 +694,6 @@ namespace runtime {
 
 namespace {
 
-std::vector<at::Tensor> zeros_for(const GraphModule& gm) {
-  std::vector<at::Tensor> xs;
-  for (const ir::Node* p : gm.graph().placeholders()) {
-    const ir::TensorMeta& m = p->output_meta().at(0);
-    xs.push_back(m.defined ? at::zeros_like(at::empty_strided(m.sizes, m.strides, at::TensorOptions().dtype(m.dtype)))
-                           : at::Tensor());
-  }
-  return xs;
-}
 
 // What a slot of a call holds when a segment reads it: a tensor of this dtype and rank.
 struct SlotInfo {
@@ -833,7 +825,7 @@ struct Loader {
       const uint32_t s = seg->input_slots[j];
       const ir::TensorMeta& m = placeholders[j]->output_meta().at(0);
       if (s >= slots.size()) in.fail(graph + " reads slot " + std::to_string(s) + ", which holds nothing yet");
-      if (!m.defined || m.dtype != slots[s].dtype || m.sizes.size() != slots[s].rank)
+      if (!m.defined || m.dtype != slots[s].dtype || m.sizes.size() != slots[s].rank || !m.device.is_cpu())
         in.fail(graph + ": input " + std::to_string(j) + " is " + m.str() + ", its slot holds a " +
                 c10::toString(slots[s].dtype) + " tensor of rank " + std::to_string(slots[s].rank));
       // Its example (zeros, for the backend) is allocated: bounded before anything is.
@@ -874,7 +866,7 @@ struct Loader {
       in.fail("expected 'static' or 'dynamic', got '" + kind + "'");
     }
     // Compile for this CPU.
-    const std::vector<at::Tensor> examples = zeros_for(*seg->gm);
+    const std::vector<at::Tensor> examples = aot::zeros_like_placeholders(*seg->gm);
     try {
       compile_stage::CompiledGraph compiled = compile_stage::compile_graph(*seg->gm, examples, backend, backend_name, st.name);
       seg->fn = std::move(compiled.fn);
