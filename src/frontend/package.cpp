@@ -647,10 +647,15 @@ class LoadedState {
 
   std::string what() const { return "torchcompile::load('" + path + "')"; }
 
+  // The index of weight `n`, or weights.size().
+  size_t weight_index(const std::string& n) const {
+    size_t i = 0;
+    while (i < weights.size() && weights[i].first != n) ++i;
+    return i;
+  }
   const at::Tensor* weight(const std::string& n) const {
-    for (const auto& [wn, t] : weights)
-      if (wn == n) return &t;
-    return nullptr;
+    const size_t i = weight_index(n);
+    return i < weights.size() ? &weights[i].second : nullptr;
   }
 
   std::shared_ptr<GraphModule> graph(size_t k, In& in) const {
@@ -664,23 +669,19 @@ class LoadedState {
     }
     auto gm = std::make_shared<GraphModule>(std::shared_ptr<ir::Graph>(std::move(g)));
     for (const auto& [attr, wname] : bindings.at(k)) {
-      const at::Tensor* t = weight(wname);
-      if (!t) in.fail("graph " + std::to_string(k) + " reads the weight '" + wname + "', which the package does not have");
-      gm->set_attribute(attr, *t, attribute_kind(wname));
+      const size_t i = weight_index(wname);
+      if (i == weights.size())
+        in.fail("graph " + std::to_string(k) + " reads the weight '" + wname + "', which the package does not have");
+      const std::string& kind = weight_kinds[i];
+      gm->set_attribute(attr, weights[i].second,
+                        kind == "parameter" ? ir::AttributeKind::Parameter
+                        : kind == "buffer"  ? ir::AttributeKind::Buffer
+                                            : ir::AttributeKind::Constant);
     }
     for (const auto& n : gm->graph().nodes())
       if (n->kind() == ir::NodeKind::GetAttr && !gm->has_attribute(n->target()))
         in.fail("graph " + std::to_string(k) + " reads the attribute '" + n->target() + "', which is not bound");
     return gm;
-  }
-
-  ir::AttributeKind attribute_kind(const std::string& wname) const {
-    for (size_t i = 0; i < weights.size(); ++i)
-      if (weights[i].first == wname)
-        return weight_kinds[i] == "parameter" ? ir::AttributeKind::Parameter
-               : weight_kinds[i] == "buffer"  ? ir::AttributeKind::Buffer
-                                              : ir::AttributeKind::Constant;
-    return ir::AttributeKind::Constant;
   }
 
   std::string libtorch_note() const {
