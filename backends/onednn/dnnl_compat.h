@@ -9,6 +9,11 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
 namespace torchcompile::backends::onednn::compat {
 
 using md_t = dnnl::memory::desc;
@@ -150,5 +155,69 @@ inline dnnl::lbr_gru_forward::primitive_desc lbr_gru_forward_pd(const dnnl::engi
   return dnnl::lbr_gru_forward::primitive_desc(d, attr, e);
 #endif
 }
+
+/// The attributes of a uint8 x int8 matmul whose scales (source: one, given per call; weights:
+/// one per output column) and source zero point are given at run time.
+inline void set_int8_dynamic_scales(dnnl::primitive_attr& attr) {
+#if DNNL_VERSION_MAJOR >= 3
+  attr.set_scales_mask(DNNL_ARG_SRC, 0);
+  attr.set_scales_mask(DNNL_ARG_WEIGHTS, 1 << 1);
+  attr.set_zero_points_mask(DNNL_ARG_SRC, 0);
+#else
+  attr.set_output_scales(1 << 1, {DNNL_RUNTIME_F32_VAL});
+  attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
+#endif
+}
+
+/// One call's run-time scales, zero point and bias of such a matmul. oneDNN 3 takes the source
+/// and weight scales apart and adds the bias after scaling; oneDNN 2 takes their products as
+/// output scales and adds the bias before scaling (dst = scale * (acc + bias)), so the bias is
+/// divided by the scales here.
+class Int8Scales {
+ public:
+  Int8Scales(float src_scale, const std::vector<float>& wei_scales, int32_t zero_point, const at::Tensor& bias)
+      : zero_point_(zero_point) {
+    const size_t n = wei_scales.size();
+    const float* b = bias.defined() ? bias.data_ptr<float>() : nullptr;
+#if DNNL_VERSION_MAJOR >= 3
+    src_scale_ = src_scale;
+    wei_scales_ = wei_scales;
+    if (b) bias_.assign(b, b + n);
+#else
+    scales_.resize(n);
+    for (size_t i = 0; i < n; ++i) scales_[i] = src_scale * wei_scales[i];
+    if (b) {
+      bias_.resize(n);
+      for (size_t i = 0; i < n; ++i) bias_[i] = b[i] / scales_[i];
+    }
+#endif
+  }
+  const float* bias() const { return bias_.empty() ? nullptr : bias_.data(); }
+  template <typename Args>
+  void add_args(Args& args, std::vector<dnnl::memory>& keep, const dnnl::engine& e) {
+    using dt = dnnl::memory::data_type;
+    auto vec = [&](int arg, dt type, const void* p, int64_t n) {
+      keep.emplace_back(md_t({n}, type, dnnl::memory::format_tag::a), e, const_cast<void*>(p));
+      args.add(arg, keep.back());
+    };
+    vec(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, dt::s32, &zero_point_, 1);
+#if DNNL_VERSION_MAJOR >= 3
+    vec(DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, dt::f32, &src_scale_, 1);
+    vec(DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, dt::f32, wei_scales_.data(), static_cast<int64_t>(wei_scales_.size()));
+#else
+    vec(DNNL_ARG_ATTR_OUTPUT_SCALES, dt::f32, scales_.data(), static_cast<int64_t>(scales_.size()));
+#endif
+  }
+
+ private:
+  int32_t zero_point_;
+#if DNNL_VERSION_MAJOR >= 3
+  float src_scale_ = 1.f;
+  std::vector<float> wei_scales_;
+#else
+  std::vector<float> scales_;
+#endif
+  std::vector<float> bias_;
+};
 
 }  // namespace torchcompile::backends::onednn::compat

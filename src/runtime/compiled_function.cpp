@@ -11,6 +11,7 @@
 
 #include "capture/observed.h"
 #include "compile/pipeline.h"
+#include "compile/precision.h"
 #include "runtime/dynamic_entry.h"
 #include "runtime/guards.h"
 #include "runtime/trace_session.h"
@@ -101,8 +102,10 @@ CompiledFunction::CompiledFunction(CompileOptions options, std::shared_ptr<torch
   capture::register_tracing_fallback();
   const char* verify_env = std::getenv("TORCHCOMPILE_VERIFY");
   verify_ = options_.verify || (verify_env != nullptr && std::string(verify_env) == "1");
-  // Resolve now so a misspelt backend name fails at torch::compile, not at the first call.
-  backend_ = resolve_backend();
+  // Resolve now so a misspelt backend name (or a precision this build or CPU cannot give) fails
+  // at torch::compile, not at the first call.
+  compile_stage::check_precision(options_);
+  backend_ = compile_stage::with_precision(resolve_backend(), options_);
 }
 
 CompiledFunction::~CompiledFunction() = default;
@@ -170,8 +173,22 @@ std::vector<at::Tensor> CompiledFunction::call(const CallArgs& args, const Forwa
   return call_compiled(args, forward, spec);
 }
 
+void CompiledFunction::check_inference(const CallArgs& args) const {
+  if (options_.precision == Precision::Float32 || !at::GradMode::is_enabled()) return;
+  std::string needs;
+  for (const at::Tensor& t : args.tensors)
+    if (t.defined() && t.requires_grad()) needs = "an input requires grad";
+  if (needs.empty() && root_)
+    for (const at::Tensor& p : root_->parameters())
+      if (p.requires_grad()) needs = "the module has parameters that require grad";
+  TORCH_CHECK(needs.empty(), "torch::compile(", name_, "): precision ", to_string(options_.precision),
+              " is for inference, but grad mode is on and ", needs,
+              ". Call the module under torch::NoGradGuard or c10::InferenceMode (training stays float32)");
+}
+
 std::vector<at::Tensor> CompiledFunction::call_compiled(const CallArgs& args, const ForwardFn& forward,
                                                         OutputSpec& spec) {
+  check_inference(args);
   auto entry = lookup(args);
   if (entry && entry->runs_eagerly()) return forward(spec);
   if (entry) return run_entry(*entry, args, forward, spec);

@@ -2,6 +2,8 @@
 // its ifunc resolver runs before ThreadSanitizer's runtime is up and crashes the process.
 #include <torchcompile/support/isa.h>
 
+#include <cpuid.h>
+
 #include <c10/util/Exception.h>
 
 #include <cstdlib>
@@ -49,6 +51,17 @@ Isa selected_isa() {
   }
   TORCH_CHECK(cpu_has(isa), "TORCHCOMPILE_ISA=", name, ": this CPU does not support it");
   return isa;
+}
+
+bool cpu_has_bf16() {
+  if (selected_isa() != Isa::Avx512) return false;
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  const bool amx_bf16 = (d >> 22) & 1u;
+  const unsigned max_sub = a;
+  bool avx512_bf16 = false;
+  if (max_sub >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d)) avx512_bf16 = (a >> 5) & 1u;
+  return avx512_bf16 || amx_bf16;
 }
 
 }  // namespace torchcompile::support

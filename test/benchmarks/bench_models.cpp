@@ -79,6 +79,7 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 #include <torchcompile/compat.h>
+#include <torchcompile/support/isa.h>
 #include <torchcompile/torchcompile.h>
 
 #include <algorithm>
@@ -276,7 +277,7 @@ struct Instance {
   int64_t traced_rows = 0;             ///< size of the first input's dimension 0
   Runner eager;
   /// A fresh torch::compile of the model with `backend` (nothing is called yet).
-  std::function<Runner(const std::string& backend, bool dynamic)> compile;
+  std::function<Runner(const std::string& backend, bool dynamic, torchcompile::Precision precision)> compile;
 };
 
 template <typename C>
@@ -323,8 +324,9 @@ Instance module_instance(std::shared_ptr<M> m, bool training, In... inputs) {
   inst.eager.call = eager;
   inst.traced_rows = std::get<0>(std::forward_as_tuple(inputs...)).size(0);
   if (!training) inst.eager.at_rows = at_rows_of([m](auto&... a) { return m->forward(a...); }, inputs...);
-  inst.compile = [m, training, params = inst.params, inputs...](const std::string& backend, bool dynamic) {
-    auto c = torch::compile(m, torchcompile::CompileOptions(backend).with_dynamic(dynamic));
+  inst.compile = [m, training, params = inst.params, inputs...](const std::string& backend, bool dynamic,
+                                                                torchcompile::Precision precision) {
+    auto c = torch::compile(m, torchcompile::CompileOptions(backend).with_dynamic(dynamic).with_precision(precision));
     std::function<torch::Tensor()> call = [c, inputs...]() mutable { return c(inputs...); };
     if (training) return Runner{as_step(params, call), info_of(c), {}};
     return Runner{call, info_of(c), at_rows_of([c](auto&... a) mutable { return c(a...); }, inputs...)};
@@ -339,8 +341,8 @@ Instance function_instance(F fn, In... inputs) {
   inst.eager.call = [fn, inputs...]() { return fn(inputs...); };
   inst.traced_rows = std::get<0>(std::forward_as_tuple(inputs...)).size(0);
   inst.eager.at_rows = at_rows_of([fn](auto&... a) { return fn(a...); }, inputs...);
-  inst.compile = [fn, inputs...](const std::string& backend, bool dynamic) {
-    auto c = torch::compile(fn, torchcompile::CompileOptions(backend).with_dynamic(dynamic));
+  inst.compile = [fn, inputs...](const std::string& backend, bool dynamic, torchcompile::Precision precision) {
+    auto c = torch::compile(fn, torchcompile::CompileOptions(backend).with_dynamic(dynamic).with_precision(precision));
     return Runner{[c, inputs...]() mutable { return c(inputs...); }, info_of(c),
                   at_rows_of([c](auto&... a) mutable { return c(a...); }, inputs...)};
   };
@@ -356,14 +358,14 @@ Instance script_instance(const std::string& archive, std::vector<c10::IValue> in
   Instance inst;
   inst.eager.call = [m, inputs, first]() mutable { return first(m.forward(inputs)); };
   inst.traced_rows = inputs[0].toTensor().size(0);
-  inst.compile = [m, inputs, first](const std::string& backend, bool dynamic) {
+  inst.compile = [m, inputs, first](const std::string& backend, bool dynamic, torchcompile::Precision precision) {
     if (backend == "torchscript") {
       torch::jit::Module frozen = torch::jit::freeze(m.clone());
       frozen = torch::jit::optimize_for_inference(frozen);
       return Runner{[frozen, inputs, first]() mutable { return first(frozen.forward(inputs)); },
                     [] { return CompileInfo{1, 1, 0, ""}; }, {}};
     }
-    auto c = torch::compile(m, torchcompile::CompileOptions(backend).with_dynamic(dynamic));
+    auto c = torch::compile(m, torchcompile::CompileOptions(backend).with_dynamic(dynamic).with_precision(precision));
     return Runner{[c, inputs, first]() { return first(c.forward(inputs)); }, info_of(c), {}};
   };
   return inst;
@@ -483,6 +485,10 @@ struct Mode {
   std::string backend;  ///< empty for eager
   bool training_only;
   bool dynamic = false;  ///< CompileOptions::dynamic = true (else false: static)
+  /// Inference rows only; compared with eager's float32 result by relative error (its bound:
+  /// `max_rel_error`), which the table shows beside the speedup.
+  torchcompile::Precision precision = torchcompile::Precision::Float32;
+  double max_rel_error = 0;
 };
 
 const std::vector<Mode>& modes() {
@@ -492,12 +498,20 @@ const std::vector<Mode>& modes() {
       {"aot_eager", "aot_eager", true},
       // Dynamic shapes, called at the traced size: what a dynamic entry costs per call.
       {"eager-backend dyn", "eager", false, true}, {"default dyn", "default", false, true},
+      // Reduced precision (docs/precision.md), inference rows.
+      {"default int8", "default", false, false, torchcompile::Precision::Int8Dynamic, 0.02},
+      {"default bf16", "default", false, false, torchcompile::Precision::BFloat16, 0.01},
   };
   return ms;
 }
 
-bool applies(const Row& r, const Mode& m) { return !m.training_only || r.training; }
-bool available(const Mode& m) { return m.backend.empty() || torchcompile::has_backend(m.backend); }
+bool applies(const Row& r, const Mode& m) {
+  return (!m.training_only || r.training) && (m.precision == torchcompile::Precision::Float32 || !r.training);
+}
+bool available(const Mode& m) {
+  if (m.precision == torchcompile::Precision::BFloat16 && !torchcompile::support::cpu_has_bf16()) return false;
+  return m.backend.empty() || torchcompile::has_backend(m.backend);
+}
 
 // Targets and measured anchors (median ms: eager LibTorch, TorchScript, Inductor; 2026-11-22, 2 cores of an AMD EPYC).
 struct Target {
@@ -527,6 +541,7 @@ struct Prepared {
   Runner runner;
   std::string error;     ///< set if compiling or the first call threw: the mode is not timed
   std::string mismatch;  ///< set if the result differs from eager
+  double rel_error = -1;  ///< reduced precision: ||y - eager|| / ||eager|| of the second call
   CompileInfo info;
 };
 
@@ -568,9 +583,16 @@ Prepared prepare(size_t row, const Mode& mode) {
       p.runner = inst.eager;
       return p;
     }
-    p.runner = inst.compile(mode.backend, mode.dynamic);
+    p.runner = inst.compile(mode.backend, mode.dynamic, mode.precision);
     for (const char* which : {"first call", "second call"}) {
       torch::Tensor got = p.runner.call();
+      if (mode.precision != torchcompile::Precision::Float32) {
+        p.rel_error = got.sizes() == want.sizes() ? (got - want).norm().item<double>() / want.norm().item<double>() : 1e9;
+        if (p.mismatch.empty() && !(p.rel_error <= mode.max_rel_error))
+          p.mismatch = std::string(which) + ": relative error " + std::to_string(p.rel_error) + " above " +
+                       std::to_string(mode.max_rel_error);
+        continue;
+      }
       std::string m = compare(got, want, std::string(which) + (inst.training ? " loss" : " output"));
       std::vector<torch::Tensor> got_grads = grads_of(inst);
       for (size_t i = 0; m.empty() && i < got_grads.size(); ++i) {
@@ -785,6 +807,11 @@ std::string main_table(Results& res) {
         } else {
           cell = ms(it->second.median_ms);
           if (is_compiled(mode)) cell += " (" + speed(base / it->second.median_ms) + ")";
+          if (p.rel_error >= 0) {
+            char err[32];
+            std::snprintf(err, sizeof err, " err %.2g%%", 100 * p.rel_error);
+            cell += err;
+          }
           if (!p.mismatch.empty()) cell += " ≠" + add_note(res, row.id + "/" + mode.name + " differs from eager: " + p.mismatch);
           if (!p.info.eager_reason.empty())
             cell += " †" + add_note(res, row.id + "/" + mode.name + " fell back to eager: " + p.info.eager_reason);
@@ -1001,7 +1028,7 @@ void measure_new_sizes(Results& res) {
       row.mode = m;
       std::vector<double> firsts, warms, ratios, eagers;
       try {
-        Runner fresh = inst.compile(mode.backend, mode.dynamic);
+        Runner fresh = inst.compile(mode.backend, mode.dynamic, mode.precision);
         fresh.call();
         fresh.call();
         const int64_t traced = inst.traced_rows;
@@ -1154,7 +1181,7 @@ void measure_first_calls(Results& res) {
     std::vector<double> times;
     try {
       for (int i = 0; i < res.first_call_reps; ++i) {
-        Runner fresh = inst.compile(mode.backend, mode.dynamic);
+        Runner fresh = inst.compile(mode.backend, mode.dynamic, mode.precision);
         times.push_back(time_call_s(fresh.call) * 1e3);
         cell.first_info = fresh.info();
       }

@@ -37,6 +37,9 @@ struct CompileReport {
   /// How the compiling backend split the graph, one line per part (e.g. "onednn: linear+relu",
   /// "aten: 4 ops"); empty if it did not say.
   std::vector<std::string> partition;
+  /// Under a reduced precision (CompileOptions::precision): each Linear's precision, and why a
+  /// Linear kept float32 ("int8-dynamic: linear fc1 [784 -> 512]"). Every other op is float32.
+  std::vector<std::string> precision;
   /// The pipeline's steps with their times.
   std::vector<PipelineStep> steps;
 

@@ -12,6 +12,21 @@
 
 namespace torchcompile {
 
+/// The arithmetic the GEMMs of a compiled graph use (docs/precision.md). Every other op stays
+/// float32.
+///  - Float32: as written (the default).
+///  - Int8Dynamic: each Linear whose weight is a module parameter or buffer is computed in int8:
+///    the weight quantized once per output channel (symmetric, int8), the input quantized at
+///    each call (per tensor, asymmetric, uint8), int32 accumulation, float32 result. Inference
+///    only.
+///  - BFloat16: those Linears with bfloat16 inputs and weights and float32 accumulation and
+///    result, on CPUs with AVX512-BF16 or AMX; on other CPUs compiling is an error unless
+///    `emulate_precision` is set. Inference only.
+enum class Precision { Float32, Int8Dynamic, BFloat16 };
+
+/// "float32", "int8-dynamic", "bfloat16".
+const char* to_string(Precision p);
+
 /// How to compile. Implicitly constructible from a backend name or a backend function, so
 /// `compile(m, "debug")`, `compile(m, my_backend)` and `compile(m, options)` all work.
 struct CompileOptions {
@@ -40,6 +55,17 @@ struct CompileOptions {
   /// forward again to trace each new size of it (TORCHCOMPILE_LOGS=dynamic says so).
   /// torchcompile::mark_dynamic / mark_static mark single dimensions.
   std::optional<bool> dynamic;
+  /// Reduced precision on request (see Precision). A precision other than Float32 is for
+  /// inference: calling the compiled module with grad mode on while a parameter or an input
+  /// requires grad is an error.
+  Precision precision = Precision::Float32;
+  /// Module paths whose Linears keep float32 under a reduced precision (`fc3`, `encoder.layers.0`:
+  /// a path and everything below it). Small GEMMs (weight K x N below 16384 elements) keep it by
+  /// rule; explain() lists the precision of every GEMM and why.
+  std::vector<std::string> keep_float32;
+  /// BFloat16 on a CPU without AVX512-BF16 or AMX: round inputs and weights to bfloat16 and
+  /// compute in float32 (the same numbers, slower than float32) instead of refusing to compile.
+  bool emulate_precision = false;
 
   CompileOptions() = default;
   CompileOptions(const char* name) : backend(name) {}
@@ -56,6 +82,9 @@ struct CompileOptions {
   CompileOptions& with_cache_size_limit(size_t n) { cache_size_limit = n; return *this; }
   CompileOptions& with_verify(bool on = true) { verify = on; return *this; }
   CompileOptions& with_dynamic(bool on = true) { dynamic = on; return *this; }
+  CompileOptions& with_precision(Precision p) { precision = p; return *this; }
+  CompileOptions& with_keep_float32(std::vector<std::string> paths) { keep_float32 = std::move(paths); return *this; }
+  CompileOptions& with_emulated_precision(bool on = true) { emulate_precision = on; return *this; }
 };
 
 }  // namespace torchcompile

@@ -182,6 +182,9 @@ class CompiledFunction {
 
  private:
   Backend resolve_backend();
+  /// Under a reduced precision: throws if this call would need autograd (grad mode on and an
+  /// input or a parameter requires grad).
+  void check_inference(const CallArgs& args) const;
   void warn_once(const std::string& key, const std::string& message);
   std::vector<at::Tensor> call_compiled(const CallArgs& args, const ForwardFn& forward, OutputSpec& spec);
   /// Verify mode (verify.cpp): run the forward eagerly, put the state back, run call_compiled

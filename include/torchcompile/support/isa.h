@@ -19,4 +19,8 @@ bool cpu_has(Isa isa);
 /// (c10::Error). Read at each call: callers keep the ISA of what they built with it.
 Isa selected_isa();
 
+/// Whether bfloat16 GEMMs run natively: the CPU has AVX512-BF16 or AMX-BF16 (cpuid) and the
+/// selected ISA is avx512 (so TORCHCOMPILE_ISA=avx2 makes a BF16 CPU answer false).
+bool cpu_has_bf16();
+
 }  // namespace torchcompile::support

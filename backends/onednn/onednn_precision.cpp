@@ -1,0 +1,356 @@
+// The reduced-precision Linear kernels behind CompileOptions::precision, as operators every
+// backend can run (the precision pass, src/compile/precision.cpp, puts them into graphs):
+//
+//   torchcompile::linear_int8_dynamic(input, weight, bias?)   int8 GEMM, int32 accumulation
+//   torchcompile::linear_bf16(input, weight, bias?, emulate)   bfloat16 GEMM, float32 accumulation
+//
+// Both take the float32 weight of the module. Its packed form (int8 with one scale per output
+// channel, or bfloat16, in the layout oneDNN's matmul wants) is made at the first call and kept
+// per weight (its storage, offset, sizes and strides) while the weight's version is unchanged;
+// a weight whose parameter has a gradient is compared with a copy at each call, since LibTorch's
+// optimizers write through `p.data()`, which does not bump the version. One matmul primitive per
+// (K, N, bias) serves every number of rows (oneDNN's run-time dimensions).
+//
+// int8: the input is quantized at each call, per tensor and asymmetric (uint8 with a zero point,
+// from its minimum and maximum); weights symmetric per output channel. A call whose input holds
+// a NaN or an infinity (int8 has neither) computes in float32, as eager does; so does a weight
+// holding one (for as long as it does).
+// bfloat16: the input is rounded to bfloat16 at each call, the weight once; on a CPU without
+// AVX512-BF16 (or `emulate`), both are rounded and the GEMM runs in float32: the same numbers.
+#include "dnnl_compat.h"
+#include "onednn_internal.h"
+
+#include <torchcompile/support/isa.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/intrusive_ptr.h>
+#include <torch/library.h>
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+namespace torchcompile::backends::onednn::detail {
+namespace {
+
+enum class Kind { Int8, Bf16, Bf16Emulated };
+
+// ---- quantizing the input: q = clamp(round(x / scale) + zero_point, 0, 255) ---------------------
+
+// GCC 12 warns about the `_mm512_undefined` inside its own AVX-512 intrinsics when they are
+// enabled by a target attribute rather than by flags.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))) void quantize_avx512(const float* x, uint8_t* q,
+                                                                                    int64_t n, float inv, float zp) {
+  const __m512 vinv = _mm512_set1_ps(inv), vzp = _mm512_set1_ps(zp), lo = _mm512_setzero_ps(),
+               hi = _mm512_set1_ps(255.f);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 v = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), vinv, vzp);
+    v = _mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), lo), hi);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
+  }
+  for (; i < n; ++i) q[i] = static_cast<uint8_t>(std::min(std::max(std::nearbyint(x[i] * inv + zp), 0.f), 255.f));
+}
+#pragma GCC diagnostic pop
+
+__attribute__((target("avx2,fma"))) inline __m256i quantize8_avx2(const float* p, __m256 inv, __m256 zp) {
+  __m256 v = _mm256_fmadd_ps(_mm256_loadu_ps(p), inv, zp);
+  v = _mm256_min_ps(_mm256_max_ps(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+                                  _mm256_setzero_ps()),
+                    _mm256_set1_ps(255.f));
+  return _mm256_cvtps_epi32(v);
+}
+
+__attribute__((target("avx2,fma"))) void quantize_avx2(const float* x, uint8_t* q, int64_t n, float inv, float zp) {
+  const __m256 vinv = _mm256_set1_ps(inv), vzp = _mm256_set1_ps(zp);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m256i ab = _mm256_packus_epi32(quantize8_avx2(x + i, vinv, vzp), quantize8_avx2(x + i + 8, vinv, vzp));
+    const __m256i cd =
+        _mm256_packus_epi32(quantize8_avx2(x + i + 16, vinv, vzp), quantize8_avx2(x + i + 24, vinv, vzp));
+    const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, cd), order);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), bytes);
+  }
+  for (; i < n; ++i) q[i] = static_cast<uint8_t>(std::min(std::max(std::nearbyint(x[i] * inv + zp), 0.f), 255.f));
+}
+
+void quantize_scalar(const float* x, uint8_t* q, int64_t n, float inv, float zp) {
+  for (int64_t i = 0; i < n; ++i)
+    q[i] = static_cast<uint8_t>(std::min(std::max(std::nearbyint(x[i] * inv + zp), 0.f), 255.f));
+}
+
+void quantize(const float* x, uint8_t* q, int64_t n, float inv, float zp) {
+  const support::Isa isa = support::selected_isa();
+  auto kernel = isa == support::Isa::Avx512 ? &quantize_avx512 : isa == support::Isa::Avx2 ? &quantize_avx2 : &quantize_scalar;
+  // Inline below ~64 Ki elements: an OpenMP region costs more than the work.
+  at::parallel_for(0, n, 65536, [&](int64_t b, int64_t e) { kernel(x + b, q + b, e - b, inv, zp); });
+}
+
+struct QParams {
+  float scale = 1.f;
+  int32_t zero_point = 0;
+  bool finite = true;
+};
+
+// Per-tensor asymmetric parameters of `x` (the range always includes 0, so 0 is exact).
+QParams input_qparams(const at::Tensor& x) {
+  QParams p;
+  auto [mn_t, mx_t] = at::aminmax(x);
+  const float mn = std::min(mn_t.item<float>(), 0.f), mx = std::max(mx_t.item<float>(), 0.f);
+  if (!std::isfinite(mn) || !std::isfinite(mx)) {
+    p.finite = false;
+    return p;
+  }
+  if (mx - mn > 0.f) {
+    p.scale = (mx - mn) / 255.f;
+    p.zero_point = static_cast<int32_t>(std::min(std::max(std::nearbyint(-mn / p.scale), 0.f), 255.f));
+  }
+  return p;
+}
+
+// ---- primitives: one per (kind, K, N, bias), any number of rows ----------------------------------
+
+struct Prim {
+  dnnl::matmul prim;
+  md_t wei_md;      // the packed weight's layout
+  md_t scratch_md;
+};
+
+std::shared_ptr<const Prim> primitive(Kind kind, int64_t K, int64_t N, bool has_bias) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, int64_t, int64_t, bool>, std::shared_ptr<const Prim>> cache;
+  const auto key = std::make_tuple(static_cast<int>(kind), K, N, has_bias);
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  const dt in = kind == Kind::Int8 ? dt::u8 : dt::bf16, wt = kind == Kind::Int8 ? dt::s8 : dt::bf16;
+  dnnl::primitive_attr attr = user_scratchpad_attr();
+  if (kind == Kind::Int8) compat::set_int8_dynamic_scales(attr);
+  const md_t src({DNNL_RUNTIME_DIM_VAL, K}, in, tag::ab), wei({K, N}, wt, tag::any),
+      dst({DNNL_RUNTIME_DIM_VAL, N}, dt::f32, tag::ab);
+  const md_t bias = has_bias ? md_t({1, N}, dt::f32, tag::ab) : md_t();
+  auto pd = compat::matmul_pd(cpu_engine(), src, wei, bias, dst, attr);
+  TORCH_CHECK(!is_ref_impl(pd.impl_info_str()), "oneDNN has only its reference implementation of a ",
+              kind == Kind::Int8 ? "uint8 x int8" : "bfloat16", " matmul on this CPU (", pd.impl_info_str(), ")");
+  auto p = std::make_shared<Prim>();
+  p->prim = dnnl::matmul(pd);
+  p->wei_md = pd.weights_desc();
+  p->scratch_md = pd.scratchpad_desc();
+  cache.emplace(key, p);
+  return p;
+}
+
+// ---- packed weights -----------------------------------------------------------------------------
+
+struct PackedWeight {
+  std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> storage;  // identity, held weakly
+  int64_t version = -1;      // -1: an inference tensor (no version counter): compared by copy
+  at::Tensor snapshot;       // a copy of the weight, compared at each call, when defined
+  bool nonfinite = false;    // the weight holds a NaN or an infinity: compute in float32
+  std::shared_ptr<const Prim> prim;
+  at::Tensor packed;         // int8 / bf16 bytes in prim->wei_md, or (emulated) the rounded fp32 weight
+  std::vector<float> scales; // int8: per output channel
+};
+
+using WeightKey = std::tuple<const c10::StorageImpl*, int64_t, std::vector<int64_t>, std::vector<int64_t>, int>;
+
+// Whether LibTorch may write `w` without bumping its version: an optimizer's step writes a
+// parameter that has a gradient through `p.data()`.
+bool may_change_unversioned(const at::Tensor& w) {
+  if (w.is_inference()) return true;
+  if (w.grad().defined()) return true;
+  if (!w.is_view()) return false;
+  const at::Tensor base(w._base());
+  return base.defined() && base.grad().defined();
+}
+
+std::shared_ptr<const PackedWeight> pack(const at::Tensor& w, Kind kind, bool has_bias) {
+  auto p = std::make_shared<PackedWeight>();
+  p->storage.emplace(w.storage().getWeakStorageImpl());
+  p->version = w.is_inference() ? -1 : static_cast<int64_t>(w._version());
+  if (may_change_unversioned(w)) p->snapshot = w.clone();
+  const int64_t N = w.size(0), K = w.size(1);
+  p->nonfinite = !at::isfinite(w).all().item<bool>();
+  if (p->nonfinite) return p;
+  at::NoGradGuard no_grad;
+  if (kind == Kind::Bf16Emulated) {
+    p->packed = w.to(at::kBFloat16).to(at::kFloat).contiguous();
+    return p;
+  }
+  p->prim = primitive(kind, K, N, has_bias);
+  at::Tensor plain;  // (N, K) contiguous, read as the (K, N) weight with strides (1, K)
+  dt wt;
+  if (kind == Kind::Int8) {
+    const at::Tensor amax = w.abs().amax(1).clamp_min(1e-30f);
+    const at::Tensor scale = amax / 127.f;
+    plain = at::clamp(at::round(w / scale.unsqueeze(1)), -127, 127).to(at::kChar).contiguous();
+    const at::Tensor s = scale.contiguous();
+    p->scales.assign(s.data_ptr<float>(), s.data_ptr<float>() + N);
+    wt = dt::s8;
+  } else {
+    plain = w.to(at::kBFloat16).contiguous();
+    wt = dt::bf16;
+  }
+  const md_t user({K, N}, wt, dims{1, K});
+  p->packed = at::empty({static_cast<int64_t>(p->prim->wei_md.get_size()) + 64}, at::kByte);
+  reorder_now(user, plain.data_ptr(), p->prim->wei_md, p->packed.data_ptr());
+  return p;
+}
+
+bool current(const PackedWeight& p, const at::Tensor& w) {
+  if (p.storage->expired()) return false;
+  if (p.version != (w.is_inference() ? -1 : static_cast<int64_t>(w._version()))) return false;
+  if (p.snapshot.defined()) return at::equal(p.snapshot, w);
+  return !may_change_unversioned(w);  // a gradient appeared since packing: compare from now on
+}
+
+std::shared_ptr<const PackedWeight> packed_weight(const at::Tensor& w, Kind kind, bool has_bias) {
+  static std::mutex mutex;
+  static std::map<WeightKey, std::shared_ptr<const PackedWeight>> cache;
+  WeightKey key{w.storage().unsafeGetStorageImpl(), w.storage_offset(), w.sizes().vec(), w.strides().vec(),
+                static_cast<int>(kind) * 2 + (has_bias ? 1 : 0)};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = cache.find(key);
+    if (it != cache.end() && current(*it->second, w)) return it->second;
+  }
+  auto p = pack(w, kind, has_bias);
+  std::lock_guard<std::mutex> lock(mutex);
+  for (auto it = cache.begin(); it != cache.end();)  // weights that no longer exist
+    it = it->second->storage->expired() ? cache.erase(it) : std::next(it);
+  cache[key] = p;
+  return p;
+}
+
+// ---- the operators ------------------------------------------------------------------------------
+
+void check_args(const char* op, const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, op,
+              ": expected float32 input and weight, got ", x.scalar_type(), " and ", w.scalar_type());
+  TORCH_CHECK(w.dim() == 2 && x.dim() >= 1 && x.size(-1) == w.size(1), op,
+              ": expected an input (..., K) and a weight (N, K), got ", x.sizes(), " and ", w.sizes());
+  TORCH_CHECK(!b || !b->defined() || (b->dim() == 1 && b->size(0) == w.size(0) && b->scalar_type() == at::kFloat),
+              op, ": expected a float32 bias of ", w.size(0), " elements, got ", b && b->defined() ? b->sizes() : at::IntArrayRef{});
+}
+
+dnnl::stream& stream() {
+  thread_local dnnl::stream s(cpu_engine());
+  return s;
+}
+
+struct Gemm {
+  at::Tensor x2, out;  // (M, K) contiguous source, (M, N) result
+  std::vector<int64_t> out_sizes;
+  int64_t M = 0, K = 0, N = 0;
+};
+
+Gemm prepare(const at::Tensor& x, const at::Tensor& w) {
+  Gemm g;
+  g.K = w.size(1);
+  g.N = w.size(0);
+  g.x2 = x.contiguous().view({-1, g.K});
+  g.M = g.x2.size(0);
+  g.out_sizes = x.sizes().vec();
+  g.out_sizes.back() = g.N;
+  g.out = at::empty({g.M, g.N}, x.options());
+  return g;
+}
+
+void run(const Prim& prim, const md_t& src_md, void* src, void* wei, const at::Tensor& out, const float* bias,
+         ExecArgs& args, std::vector<dnnl::memory>& keep) {
+  const int64_t M = out.size(0), N = out.size(1);
+  keep.emplace_back(src_md, cpu_engine(), src);
+  args.add(DNNL_ARG_SRC, keep.back());
+  keep.emplace_back(prim.wei_md, cpu_engine(), wei);
+  args.add(DNNL_ARG_WEIGHTS, keep.back());
+  if (bias) {
+    keep.emplace_back(md_t({1, N}, dt::f32, tag::ab), cpu_engine(), const_cast<float*>(bias));
+    args.add(DNNL_ARG_BIAS, keep.back());
+  }
+  keep.emplace_back(md_t({M, N}, dt::f32, tag::ab), cpu_engine(), out.data_ptr());
+  args.add(DNNL_ARG_DST, keep.back());
+  at::Tensor scratch;
+  if (prim.scratch_md.get_size()) {
+    scratch = at::empty({static_cast<int64_t>(prim.scratch_md.get_size())}, at::kByte);
+    keep.emplace_back(prim.scratch_md, cpu_engine(), scratch.data_ptr());
+    args.add(DNNL_ARG_SCRATCHPAD, keep.back());
+  }
+  dnnl::error::wrap_c_api(dnnl_primitive_execute(prim.prim.get(), stream().get(), args.n, args.a),
+                          "could not execute a reduced-precision matmul");
+}
+
+at::Tensor linear_int8_dynamic(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b) {
+  check_args("torchcompile::linear_int8_dynamic", x, w, b);
+  const bool has_bias = b && b->defined();
+  if (x.numel() == 0) return at::linear(x, w, b);
+  auto pw = packed_weight(w, Kind::Int8, has_bias);
+  const QParams qp = pw->nonfinite ? QParams{} : input_qparams(x);
+  if (pw->nonfinite || !qp.finite) return at::linear(x, w, b);  // NaN / infinity: as eager
+  Gemm g = prepare(x, w);
+  at::Tensor q = at::empty({g.M, g.K}, x.options().dtype(at::kByte));
+  quantize(g.x2.data_ptr<float>(), q.data_ptr<uint8_t>(), g.M * g.K, 1.f / qp.scale, static_cast<float>(qp.zero_point));
+  // Scales and zero point as oneDNN's version takes them (dnnl_compat.h).
+  compat::Int8Scales sc(qp.scale, pw->scales, qp.zero_point, has_bias ? b->contiguous() : at::Tensor());
+  ExecArgs args;
+  std::vector<dnnl::memory> keep;
+  keep.reserve(10);
+  sc.add_args(args, keep, cpu_engine());
+  run(*pw->prim, md_t({g.M, g.K}, dt::u8, tag::ab), q.data_ptr(), pw->packed.data_ptr(), g.out, sc.bias(), args, keep);
+  return g.out.view(g.out_sizes);
+}
+
+at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b, bool emulate) {
+  check_args("torchcompile::linear_bf16", x, w, b);
+  const bool has_bias = b && b->defined();
+  if (x.numel() == 0) return at::linear(x, w, b);
+  const bool native = !emulate && support::cpu_has_bf16();
+  auto pw = packed_weight(w, native ? Kind::Bf16 : Kind::Bf16Emulated, has_bias);
+  if (pw->nonfinite) return at::linear(x.to(at::kBFloat16).to(at::kFloat), w, b);
+  if (!native) return at::linear(x.to(at::kBFloat16).to(at::kFloat), pw->packed, b);
+  Gemm g = prepare(x, w);
+  const at::Tensor xb = g.x2.to(at::kBFloat16);
+  const at::Tensor bias = has_bias ? b->contiguous() : at::Tensor();
+  ExecArgs args;
+  std::vector<dnnl::memory> keep;
+  keep.reserve(8);
+  run(*pw->prim, md_t({g.M, g.K}, dt::bf16, tag::ab), xb.data_ptr(), pw->packed.data_ptr(), g.out,
+      has_bias ? bias.data_ptr<float>() : nullptr, args, keep);
+  return g.out.view(g.out_sizes);
+}
+
+// Shapes only (meta tensors: dynamic shapes and packages run graphs on them).
+at::Tensor linear_meta(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b) {
+  check_args("torchcompile linear", x, w, b);
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes.back() = w.size(0);
+  return at::empty(sizes, x.options());
+}
+
+at::Tensor linear_bf16_meta(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b, bool) {
+  return linear_meta(x, w, b);
+}
+
+}  // namespace
+}  // namespace torchcompile::backends::onednn::detail
+
+TORCH_LIBRARY_FRAGMENT(torchcompile, m) {
+  m.def("linear_int8_dynamic(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor");
+  m.def("linear_bf16(Tensor input, Tensor weight, Tensor? bias=None, bool emulate=False) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(torchcompile, CPU, m) {
+  m.impl("linear_int8_dynamic", &torchcompile::backends::onednn::detail::linear_int8_dynamic);
+  m.impl("linear_bf16", &torchcompile::backends::onednn::detail::linear_bf16);
+}
+
+TORCH_LIBRARY_IMPL(torchcompile, Meta, m) {
+  m.impl("linear_int8_dynamic", &torchcompile::backends::onednn::detail::linear_meta);
+  m.impl("linear_bf16", &torchcompile::backends::onednn::detail::linear_bf16_meta);
+}

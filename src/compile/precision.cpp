@@ -1,0 +1,219 @@
+#include "compile/precision.h"
+
+#include <torchcompile/compile/compile_report.h>
+#include <torchcompile/ir/graph_module.h>
+#include <torchcompile/ir/passes.h>
+#include <torchcompile/support/isa.h>
+#include <torchcompile/support/logging.h>
+
+#include <c10/util/Exception.h>
+
+#include <optional>
+#include <utility>
+
+namespace torchcompile {
+
+const char* to_string(Precision p) {
+  switch (p) {
+    case Precision::Float32: return "float32";
+    case Precision::Int8Dynamic: return "int8-dynamic";
+    case Precision::BFloat16: return "bfloat16";
+  }
+  return "?";
+}
+
+namespace compile_stage {
+
+namespace {
+
+// Weights smaller than this (K x N elements) keep float32: quantizing the input costs about as
+// much as the GEMM saves, and such layers (a classifier's last one) are where accuracy suffers.
+constexpr int64_t kSmallGemm = 16384;
+
+const char* kernel_of(Precision p) {
+  return p == Precision::Int8Dynamic ? "torchcompile::linear_int8_dynamic" : "torchcompile::linear_bf16";
+}
+
+bool kept_by_user(const std::string& path, const std::vector<std::string>& keep) {
+  for (const auto& k : keep)
+    if (!k.empty() && (path == k || (path.size() > k.size() && path.compare(0, k.size(), k) == 0 && path[k.size()] == '.')))
+      return true;
+  return false;
+}
+
+bool is_f32_cpu(const ir::TensorMeta& m) { return m.defined && m.dtype == at::kFloat && m.device.is_cpu(); }
+
+}  // namespace
+
+void check_precision(const CompileOptions& options) {
+  if (options.precision == Precision::Float32) return;
+  try {
+    ir::find_op(kernel_of(options.precision));
+  } catch (const c10::Error&) {
+    TORCH_CHECK(false, "precision ", to_string(options.precision),
+                " needs the int8 / bfloat16 kernels of the onednn backend, and this build of torchcompile has no "
+                "oneDNN (install libdnnl-dev and rebuild)");
+  }
+  if (options.precision == Precision::BFloat16 && !options.emulate_precision)
+    TORCH_CHECK(support::cpu_has_bf16(),
+                "precision bfloat16 needs a CPU with AVX512-BF16 or AMX-BF16 instructions; this one has neither",
+                support::selected_isa() != support::Isa::Avx512 && std::getenv("TORCHCOMPILE_ISA")
+                    ? std::string(" (TORCHCOMPILE_ISA=") + std::getenv("TORCHCOMPILE_ISA") + ")"
+                    : std::string(),
+                ". Set CompileOptions::emulate_precision to round to bfloat16 and compute in float32 instead: the "
+                "same results, but slower than float32");
+}
+
+namespace {
+
+// A GEMM with a weight: the Linear `x @ W^T (+ bias)` as LibTorch records it. `linear` itself, or
+// what its composite implementation calls: `addmm(bias, x, W^T)` (2-D inputs with a bias),
+// `mm(x, W^T)`, `matmul(x, W^T)` (the bias then added by a separate node, which stays).
+struct Gemm {
+  ir::Value x;
+  std::optional<ir::Value> weight;   // (N, K): the `t` node's input, when W^T is a `t` / transpose
+  ir::Value operand;                 // the GEMM's (K, N) operand (weight^T) otherwise
+  std::optional<ir::Value> bias;
+  std::string why_not;               // set: not a Linear this precision can take
+};
+
+bool is_value(const ir::Node* n, size_t i) { return n->args().size() > i && n->args()[i].is_value(); }
+
+std::optional<ir::Value> transposed_input(const ir::Value& v) {
+  const ir::Node* t = v.node;
+  if (t->kind() != ir::NodeKind::CallFunction || !is_value(t, 0)) return std::nullopt;
+  if (t->target() == "aten::t") return t->args()[0].value();
+  if (t->target() == "aten::transpose.int" && t->args().size() >= 3 && t->args()[1].is_constant() &&
+      t->args()[2].is_constant()) {
+    const auto a = ir::int_values(t->args()[1].constant()), b = ir::int_values(t->args()[2].constant());
+    if (a && b && a->size() == 1 && b->size() == 1 &&
+        ((*a)[0] == 0 || (*a)[0] == -2) && ((*b)[0] == 1 || (*b)[0] == -1) && t->output_meta().at(0).sizes.size() == 2)
+      return t->args()[0].value();
+  }
+  return std::nullopt;
+}
+
+std::optional<Gemm> match_gemm(const ir::Node* n) {
+  if (n->kind() != ir::NodeKind::CallFunction || n->callable()) return std::nullopt;
+  const std::string& t = n->target();
+  Gemm g;
+  if (t == "aten::linear") {
+    if (!is_value(n, 0) || !is_value(n, 1)) return std::nullopt;
+    g.x = n->args()[0].value();
+    g.weight = n->args()[1].value();
+    if (is_value(n, 2)) g.bias = n->args()[2].value();
+    return g;
+  }
+  size_t xi = 0;
+  if (t == "aten::addmm") {
+    if (!is_value(n, 0)) return std::nullopt;
+    const auto& beta = n->args().at(3), &alpha = n->args().at(4);
+    if (!beta.is_constant() || !alpha.is_constant() || beta.constant().toScalar().toDouble() != 1.0 ||
+        alpha.constant().toScalar().toDouble() != 1.0)
+      return std::nullopt;
+    g.bias = n->args()[0].value();
+    xi = 1;
+  } else if (t != "aten::mm" && t != "aten::matmul") {
+    return std::nullopt;
+  }
+  if (!is_value(n, xi) || !is_value(n, xi + 1)) return std::nullopt;
+  g.x = n->args()[xi].value();
+  g.operand = n->args()[xi + 1].value();
+  const ir::TensorMeta& om = g.operand.node->output_meta().at(g.operand.index);
+  if (om.sizes.size() != 2) return std::nullopt;  // a batched matmul: no weight
+  g.weight = transposed_input(g.operand);
+  if (g.bias) {
+    const ir::TensorMeta& bm = g.bias->node->output_meta().at(g.bias->index);
+    if (bm.sizes.size() != 1 || bm.sizes[0] != om.sizes[1]) g.why_not = "the bias is not a vector of N elements";
+  }
+  return g;
+}
+
+}  // namespace
+
+std::vector<std::string> lower_precision(GraphModule& gm, const CompileOptions& options) {
+  std::vector<std::string> lines;
+  if (options.precision == Precision::Float32) return lines;
+  const c10::OperatorHandle kernel = ir::find_op(kernel_of(options.precision));
+  const bool emulate = options.precision == Precision::BFloat16 && !support::cpu_has_bf16();
+  ir::Graph& g = gm.graph();
+  std::vector<ir::Node*> candidates;
+  for (const auto& n : g.nodes())
+    if (match_gemm(n.get())) candidates.push_back(n.get());
+  bool changed = false;
+  for (ir::Node* n : candidates) {
+    Gemm m = *match_gemm(n);
+    const ir::TensorMeta& xm = m.x.node->output_meta().at(m.x.index);
+    const ir::Value wv = m.weight ? *m.weight : m.operand;
+    // The Linear's module: where it was called from, else the module owning its weight
+    // (`fc1.weight` -> `fc1`).
+    std::string path = n->module_path();
+    const ir::Node* base = ir::memory_base(wv).node;
+    if (path.empty() && base->kind() == ir::NodeKind::GetAttr) {
+      const size_t dot = base->target().rfind('.');
+      path = dot == std::string::npos ? "" : base->target().substr(0, dot);
+    }
+    const std::string where = "linear " + (path.empty() ? n->name() : path);
+    const ir::TensorMeta& wm = wv.node->output_meta().at(wv.index);
+    if (wm.sizes.size() != 2) continue;
+    const int64_t N = m.weight ? wm.sizes[0] : wm.sizes[1], K = m.weight ? wm.sizes[1] : wm.sizes[0];
+    const std::string dims = " [" + std::to_string(K) + " -> " + std::to_string(N) + "]";
+    auto keep = [&](const std::string& why) { lines.push_back("float32: " + where + dims + ": " + why); };
+    if (!m.why_not.empty()) {
+      keep(m.why_not);
+    } else if (!is_f32_cpu(xm) || !is_f32_cpu(wm) || xm.sizes.size() < 2 ||
+               (m.bias && !is_f32_cpu(m.bias->node->output_meta().at(m.bias->index)))) {
+      keep("not float32 CPU tensors with a 2-D or larger input");
+    } else if (kept_by_user(path, options.keep_float32)) {
+      keep("keep_float32");
+    } else if (base->kind() != ir::NodeKind::GetAttr) {
+      keep("the weight is computed in the graph, not a parameter or buffer");
+    } else if (K * N < kSmallGemm) {
+      keep("small GEMM (K x N = " + std::to_string(K * N) + " < " + std::to_string(kSmallGemm) + ")");
+    } else {
+      g.set_insert_point(n);
+      ir::Value weight = m.weight ? *m.weight : ir::Value();
+      if (!m.weight) {  // a (K, N) weight: the kernel takes (N, K)
+        ir::TensorMeta tm = wm;
+        std::swap(tm.sizes[0], tm.sizes[1]);
+        std::swap(tm.strides[0], tm.strides[1]);
+        if (tm.sym_sizes.size() == 2) std::swap(tm.sym_sizes[0], tm.sym_sizes[1]);
+        if (tm.sym_strides.size() == 2) std::swap(tm.sym_strides[0], tm.sym_strides[1]);
+        ir::Node* t = g.call_function(ir::find_op("aten::t"), {m.operand}, {tm});
+        t->set_module_path(n->module_path());
+        weight = t->output(0);
+      }
+      std::vector<ir::Argument> args = {m.x, weight, m.bias ? ir::Argument(*m.bias) : ir::Argument(c10::IValue())};
+      if (options.precision == Precision::BFloat16) args.push_back(c10::IValue(emulate));
+      ir::Node* q = g.call_function(kernel, std::move(args), n->output_meta());
+      g.set_insert_point(nullptr);
+      q->set_module_path(n->module_path());
+      g.replace_all_uses(n->output(0), q->output(0));
+      g.erase(n);
+      changed = true;
+      lines.push_back(std::string(to_string(options.precision)) + (emulate ? " (emulated)" : "") + ": " + where + dims);
+    }
+  }
+  if (changed) {
+    ir::eliminate_dead_code(g);  // the `t` nodes no GEMM reads any more
+    gm.recompile();
+  }
+  return lines;
+}
+
+Backend with_precision(Backend backend, const CompileOptions& options) {
+  if (options.precision == Precision::Float32) return backend;
+  return [backend = std::move(backend), options](GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
+    std::vector<std::string> lines;
+    {
+      TimedStep step(std::string("precision ") + to_string(options.precision), &gm);
+      lines = lower_precision(gm, options);
+    }
+    if (CompileReport* report = detail::current_report())
+      report->precision.insert(report->precision.end(), lines.begin(), lines.end());
+    return backend(gm, example_inputs);
+  };
+}
+
+}  // namespace compile_stage
+}  // namespace torchcompile
