@@ -8,6 +8,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <cstdlib>
+
 #include <optional>
 #include <utility>
 
@@ -30,9 +32,13 @@ namespace {
 // much as the GEMM saves, and such layers (a classifier's last one) are where accuracy suffers.
 constexpr int64_t kSmallGemm = 16384;
 
+}  // namespace
+
 const char* kernel_of(Precision p) {
   return p == Precision::Int8Dynamic ? "torchcompile::linear_int8_dynamic" : "torchcompile::linear_bf16";
 }
+
+namespace {
 
 bool kept_by_user(const std::string& path, const std::vector<std::string>& keep) {
   for (const auto& k : keep)
@@ -45,23 +51,46 @@ bool is_f32_cpu(const ir::TensorMeta& m) { return m.defined && m.dtype == at::kF
 
 }  // namespace
 
+bool bf16_native() {
+  static const c10::OperatorHandle op = ir::find_op("torchcompile::bf16_native");
+  return op.typed<bool()>().call();
+}
+
+}  // namespace compile_stage
+
+std::string precision_unavailable(Precision p) {
+  if (p == Precision::Float32) return "";
+  try {
+    ir::find_op(compile_stage::kernel_of(p));
+  } catch (const c10::Error&) {
+    return std::string("precision ") + to_string(p) +
+           " needs the int8 / bfloat16 kernels of the onednn backend, and this build of torchcompile has no oneDNN "
+           "(install libdnnl-dev and rebuild)";
+  }
+  if (p == Precision::BFloat16 && !compile_stage::bf16_native()) {
+    const char* isa = std::getenv("TORCHCOMPILE_ISA");
+    return std::string("precision bfloat16 needs a CPU with AVX512-BF16 or AMX-BF16 instructions; this one has "
+                       "neither") +
+           (support::cpu_has_bf16() ? " that oneDNN uses (ONEDNN_MAX_CPU_ISA)"
+            : isa && *isa          ? std::string(" (TORCHCOMPILE_ISA=") + isa + ")"
+                                   : std::string());
+  }
+  return "";
+}
+
+namespace compile_stage {
+
 void check_precision(const CompileOptions& options) {
   if (options.precision == Precision::Float32) return;
-  try {
-    ir::find_op(kernel_of(options.precision));
-  } catch (const c10::Error&) {
-    TORCH_CHECK(false, "precision ", to_string(options.precision),
-                " needs the int8 / bfloat16 kernels of the onednn backend, and this build of torchcompile has no "
-                "oneDNN (install libdnnl-dev and rebuild)");
-  }
-  if (options.precision == Precision::BFloat16 && !options.emulate_precision)
-    TORCH_CHECK(support::cpu_has_bf16(),
-                "precision bfloat16 needs a CPU with AVX512-BF16 or AMX-BF16 instructions; this one has neither",
-                support::selected_isa() != support::Isa::Avx512 && std::getenv("TORCHCOMPILE_ISA")
-                    ? std::string(" (TORCHCOMPILE_ISA=") + std::getenv("TORCHCOMPILE_ISA") + ")"
-                    : std::string(),
-                ". Set CompileOptions::emulate_precision to round to bfloat16 and compute in float32 instead: the "
-                "same results, but slower than float32");
+  const std::string why = precision_unavailable(options.precision);
+  if (why.empty()) return;
+  TORCH_CHECK(options.precision == Precision::BFloat16 && options.emulate_precision &&
+                  why.rfind("precision bfloat16 needs a CPU", 0) == 0,
+              why,
+              options.precision == Precision::BFloat16
+                  ? ". Set CompileOptions::emulate_precision to round to bfloat16 and compute in float32 instead: the "
+                    "same results, but slower than float32"
+                  : "");
 }
 
 namespace {
@@ -135,7 +164,11 @@ std::vector<std::string> lower_precision(GraphModule& gm, const CompileOptions& 
   std::vector<std::string> lines;
   if (options.precision == Precision::Float32) return lines;
   const c10::OperatorHandle kernel = ir::find_op(kernel_of(options.precision));
-  const bool emulate = options.precision == Precision::BFloat16 && !support::cpu_has_bf16();
+  const bool emulate = options.precision == Precision::BFloat16 && !bf16_native();
+  std::string variant = emulate ? " (emulated)" : "";
+  if (options.precision == Precision::Int8Dynamic &&
+      ir::find_op("torchcompile::int8_weight_max").typed<int64_t()>().call() < 127)
+    variant = " (weights in [-63, 63]: no VNNI)";
   ir::Graph& g = gm.graph();
   std::vector<ir::Node*> candidates;
   for (const auto& n : g.nodes())
@@ -191,7 +224,7 @@ std::vector<std::string> lower_precision(GraphModule& gm, const CompileOptions& 
       g.replace_all_uses(n->output(0), q->output(0));
       g.erase(n);
       changed = true;
-      lines.push_back(std::string(to_string(options.precision)) + (emulate ? " (emulated)" : "") + ": " + where + dims);
+      lines.push_back(std::string(to_string(options.precision)) + variant + ": " + where + dims);
     }
   }
   if (changed) {

@@ -18,6 +18,13 @@ namespace torchcompile::compile_stage {
 /// unless emulated.
 void check_precision(const CompileOptions& options);
 
+/// The operator implementing `p` (not Float32).
+const char* kernel_of(Precision p);
+
+/// Whether bfloat16 GEMMs run natively here: the CPU has AVX512-BF16 or AMX-BF16 (and
+/// TORCHCOMPILE_ISA allows AVX-512) and oneDNN uses them. Needs the kernels (check_precision).
+bool bf16_native();
+
 /// `backend` with the graph's Linears lowered to `options.precision` first (the backend itself
 /// for Float32). What became of each Linear goes into the compile report (explain()).
 Backend with_precision(Backend backend, const CompileOptions& options);

@@ -79,7 +79,6 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 #include <torchcompile/compat.h>
-#include <torchcompile/support/isa.h>
 #include <torchcompile/torchcompile.h>
 
 #include <algorithm>
@@ -509,7 +508,7 @@ bool applies(const Row& r, const Mode& m) {
   return (!m.training_only || r.training) && (m.precision == torchcompile::Precision::Float32 || !r.training);
 }
 bool available(const Mode& m) {
-  if (m.precision == torchcompile::Precision::BFloat16 && !torchcompile::support::cpu_has_bf16()) return false;
+  if (!torchcompile::precision_unavailable(m.precision).empty()) return false;
   return m.backend.empty() || torchcompile::has_backend(m.backend);
 }
 

@@ -27,6 +27,11 @@ enum class Precision { Float32, Int8Dynamic, BFloat16 };
 /// "float32", "int8-dynamic", "bfloat16".
 const char* to_string(Precision p);
 
+/// Why `p` cannot be compiled natively on this machine, or "" if it can: this build has no
+/// int8 / bfloat16 kernels (built without oneDNN), or, for BFloat16, the CPU has neither
+/// AVX512-BF16 nor AMX-BF16 (CompileOptions::emulate_precision still allows it, slower).
+std::string precision_unavailable(Precision p);
+
 /// How to compile. Implicitly constructible from a backend name or a backend function, so
 /// `compile(m, "debug")`, `compile(m, my_backend)` and `compile(m, options)` all work.
 struct CompileOptions {
