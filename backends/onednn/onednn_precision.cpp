@@ -39,7 +39,9 @@ namespace {
 
 enum class Kind { Int8, Bf16, Bf16Emulated };
 
-// ---- quantizing the input: q = clamp(round(x / scale) + zero_point, 0, 255) ---------------------
+// ---- quantizing the input: q = clamp(round(x * (1 / scale) + zero_point), 0, 255) ---------------
+// A product, then a sum, each rounded to float32 (no fused multiply-add: this file is compiled with
+// -ffp-contract=off), as ATen computes `x * (1 / scale) + zero_point`: tests compare with that.
 
 // GCC 12 warns about the `_mm512_undefined` inside its own AVX-512 intrinsics when they are
 // enabled by a target attribute rather than by flags.
@@ -51,7 +53,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))) void quantize_avx5
                hi = _mm512_set1_ps(255.f);
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    __m512 v = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), vinv, vzp);
+    __m512 v = _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), vinv), vzp);
     v = _mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), lo), hi);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
   }
@@ -60,7 +62,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))) void quantize_avx5
 #pragma GCC diagnostic pop
 
 __attribute__((target("avx2,fma"))) inline __m256i quantize8_avx2(const float* p, __m256 inv, __m256 zp) {
-  __m256 v = _mm256_fmadd_ps(_mm256_loadu_ps(p), inv, zp);
+  __m256 v = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(p), inv), zp);
   v = _mm256_min_ps(_mm256_max_ps(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
                                   _mm256_setzero_ps()),
                     _mm256_set1_ps(255.f));

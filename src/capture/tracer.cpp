@@ -149,6 +149,7 @@ struct Tracer::Impl {
   c10::DispatchKey key = compat::kTracingKey;
   bool fullgraph = false;
   OpInterceptor interceptor;
+  OpSubstitute substitute;
   std::shared_ptr<SizeReads> size_reads;  // set: observe size and data reads (capture/observed.h)
   std::string unobserved;                 // why some size reads may not have been seen
   bool autograd_records = false;          // observe_reads: results autograd tracks stay as they are
@@ -1000,7 +1001,12 @@ void tracing_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
     impl.run_on_meta(op, stack, num_args);
   } else {
     if (ir::op_is_mutating(op)) impl.keep_slots_before_write(schema, *stack, num_args);
-    redispatch_below_tracer(key, op, ks, stack);
+    bool substituted = false;
+    if (impl.substitute) {
+      c10::impl::ExcludeDispatchKeyGuard no_tracing(key);
+      substituted = impl.substitute(op, stack);
+    }
+    if (!substituted) redispatch_below_tracer(key, op, ks, stack);
   }
   const size_t num_returns = schema.returns().size();
   // The number of tensors `unbind` / `split` / `chunk` return is a size of their argument: the
@@ -1042,6 +1048,19 @@ Tracer::~Tracer() = default;
 Tracer* Tracer::current(TraceLevel level) { return tls_current_tracer[static_cast<int>(level)]; }
 
 void Tracer::set_interceptor(OpInterceptor f) { impl_->interceptor = std::move(f); }
+
+void Tracer::set_substitute(OpSubstitute f) { impl_->substitute = std::move(f); }
+
+std::optional<std::string> Tracer::attribute_behind(const at::Tensor& t) const {
+  const c10::TensorImpl* ti = t.unsafeGetTensorImpl();
+  if (auto it = impl_->values.find(ti); it != impl_->values.end()) {
+    const ir::Value base = ir::memory_base(it->second);
+    if (base.node->kind() == ir::NodeKind::GetAttr) return base.node->target();
+    return std::nullopt;
+  }
+  if (auto it = impl_->attributes.find(ti); it != impl_->attributes.end()) return it->second.name;
+  return std::nullopt;
+}
 
 namespace {
 std::mutex no_meta_mutex;

@@ -1,5 +1,6 @@
 #include "compile/precision.h"
 
+#include <torchcompile/capture/tracer.h>
 #include <torchcompile/compile/compile_report.h>
 #include <torchcompile/ir/graph_module.h>
 #include <torchcompile/ir/passes.h>
@@ -48,6 +49,36 @@ bool kept_by_user(const std::string& path, const std::vector<std::string>& keep)
 }
 
 bool is_f32_cpu(const ir::TensorMeta& m) { return m.defined && m.dtype == at::kFloat && m.device.is_cpu(); }
+
+// What the precision rules look at in one Linear, from the graph (lower_precision) or from the
+// tensors of the call that traces it (trace_substitute): the two must decide alike.
+struct LinearFacts {
+  bool f32 = false;     // float32 CPU input of 2 or more dimensions, 2-D weight, bias
+  int64_t K = 0, N = 0;
+  std::string weight_attribute;  // the parameter or buffer the weight is (through views), or ""
+  std::string why_not;           // the pattern's own reason to keep float32
+};
+
+// The Linear's module: the one owning its weight (`fc1.weight` -> `fc1`).
+std::string path_of(const LinearFacts& f) {
+  const size_t dot = f.weight_attribute.rfind('.');
+  return dot == std::string::npos ? "" : f.weight_attribute.substr(0, dot);
+}
+
+// "" if the Linear takes the precision, else why it keeps float32.
+std::string keep_reason(const LinearFacts& f, const CompileOptions& options) {
+  if (!f.why_not.empty()) return f.why_not;
+  if (!f.f32) return "not float32 CPU tensors with a 2-D or larger input";
+  if (kept_by_user(path_of(f), options.keep_float32)) return "keep_float32";
+  if (f.weight_attribute.empty()) return "the weight is computed in the graph, not a parameter or buffer";
+  if (f.K * f.N < kSmallGemm)
+    return "small GEMM (K x N = " + std::to_string(f.K * f.N) + " < " + std::to_string(kSmallGemm) + ")";
+  return "";
+}
+
+bool is_gemm_target(const std::string& t) {
+  return t == "aten::linear" || t == "aten::addmm" || t == "aten::mm" || t == "aten::matmul";
+}
 
 }  // namespace
 
@@ -178,31 +209,22 @@ std::vector<std::string> lower_precision(GraphModule& gm, const CompileOptions& 
     Gemm m = *match_gemm(n);
     const ir::TensorMeta& xm = m.x.node->output_meta().at(m.x.index);
     const ir::Value wv = m.weight ? *m.weight : m.operand;
-    // The Linear's module: where it was called from, else the module owning its weight
-    // (`fc1.weight` -> `fc1`).
-    std::string path = n->module_path();
-    const ir::Node* base = ir::memory_base(wv).node;
-    if (path.empty() && base->kind() == ir::NodeKind::GetAttr) {
-      const size_t dot = base->target().rfind('.');
-      path = dot == std::string::npos ? "" : base->target().substr(0, dot);
-    }
-    const std::string where = "linear " + (path.empty() ? n->name() : path);
     const ir::TensorMeta& wm = wv.node->output_meta().at(wv.index);
     if (wm.sizes.size() != 2) continue;
-    const int64_t N = m.weight ? wm.sizes[0] : wm.sizes[1], K = m.weight ? wm.sizes[1] : wm.sizes[0];
-    const std::string dims = " [" + std::to_string(K) + " -> " + std::to_string(N) + "]";
-    auto keep = [&](const std::string& why) { lines.push_back("float32: " + where + dims + ": " + why); };
-    if (!m.why_not.empty()) {
-      keep(m.why_not);
-    } else if (!is_f32_cpu(xm) || !is_f32_cpu(wm) || xm.sizes.size() < 2 ||
-               (m.bias && !is_f32_cpu(m.bias->node->output_meta().at(m.bias->index)))) {
-      keep("not float32 CPU tensors with a 2-D or larger input");
-    } else if (kept_by_user(path, options.keep_float32)) {
-      keep("keep_float32");
-    } else if (base->kind() != ir::NodeKind::GetAttr) {
-      keep("the weight is computed in the graph, not a parameter or buffer");
-    } else if (K * N < kSmallGemm) {
-      keep("small GEMM (K x N = " + std::to_string(K * N) + " < " + std::to_string(kSmallGemm) + ")");
+    LinearFacts f;
+    f.N = m.weight ? wm.sizes[0] : wm.sizes[1];
+    f.K = m.weight ? wm.sizes[1] : wm.sizes[0];
+    f.why_not = m.why_not;
+    f.f32 = is_f32_cpu(xm) && is_f32_cpu(wm) && xm.sizes.size() >= 2 &&
+            (!m.bias || is_f32_cpu(m.bias->node->output_meta().at(m.bias->index)));
+    const ir::Node* base = ir::memory_base(wv).node;
+    if (base->kind() == ir::NodeKind::GetAttr) f.weight_attribute = base->target();
+    const std::string path = path_of(f).empty() ? n->module_path() : path_of(f);
+    const std::string where = "linear " + (path.empty() ? n->name() : path);
+    const std::string dims = " [" + std::to_string(f.K) + " -> " + std::to_string(f.N) + "]";
+    const std::string why = keep_reason(f, options);
+    if (!why.empty()) {
+      lines.push_back("float32: " + where + dims + ": " + why);
     } else {
       g.set_insert_point(n);
       ir::Value weight = m.weight ? *m.weight : ir::Value();
@@ -232,6 +254,59 @@ std::vector<std::string> lower_precision(GraphModule& gm, const CompileOptions& 
     gm.recompile();
   }
   return lines;
+}
+
+capture::OpSubstitute trace_substitute(const CompileOptions& options, const capture::Tracer& tracer) {
+  if (options.precision == Precision::Float32) return nullptr;
+  const c10::OperatorHandle kernel = ir::find_op(kernel_of(options.precision));
+  const bool emulate = options.precision == Precision::BFloat16 && !bf16_native();
+  return [kernel, emulate, options, &tracer](const c10::OperatorHandle& op, std::vector<c10::IValue>* stack) {
+    const std::string target = ir::op_target_name(op);
+    if (!is_gemm_target(target)) return false;
+    const size_t num_args = op.schema().arguments().size();
+    const c10::IValue* a = stack->data() + (stack->size() - num_args);
+    auto tensor = [&](size_t i) { return i < num_args && a[i].isTensor() ? a[i].toTensor() : at::Tensor(); };
+    at::Tensor x, weight, operand, bias;
+    LinearFacts f;
+    if (target == "aten::linear") {
+      x = tensor(0);
+      weight = tensor(1);
+      bias = tensor(2);
+      operand = weight;
+    } else {
+      size_t xi = 0;
+      if (target == "aten::addmm") {
+        if (a[3].toScalar().toDouble() != 1.0 || a[4].toScalar().toDouble() != 1.0) return false;
+        bias = tensor(0);
+        xi = 1;
+      }
+      x = tensor(xi);
+      operand = tensor(xi + 1);
+      if (!operand.defined() || operand.dim() != 2) return false;
+      weight = operand.t();
+      if (bias.defined() && (bias.dim() != 1 || bias.size(0) != operand.size(1)))
+        f.why_not = "the bias is not a vector of N elements";
+    }
+    if (!x.defined() || !weight.defined() || weight.dim() != 2) return false;
+    auto f32 = [](const at::Tensor& t) { return t.scalar_type() == at::kFloat && t.device().is_cpu(); };
+    f.N = weight.size(0);
+    f.K = weight.size(1);
+    f.f32 = f32(x) && f32(weight) && x.dim() >= 2 && (!bias.defined() || f32(bias));
+    if (auto name = tracer.attribute_behind(operand)) f.weight_attribute = *name;
+    if (!keep_reason(f, options).empty()) return false;
+    c10::optional<at::Tensor> b = bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt;
+    at::Tensor result;
+    if (options.precision == Precision::BFloat16) {
+      result = kernel.typed<at::Tensor(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&, bool)>()
+                   .call(x, weight, b, emulate);
+    } else {
+      result = kernel.typed<at::Tensor(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&)>().call(
+          x, weight, b);
+    }
+    stack->erase(stack->end() - num_args, stack->end());
+    stack->push_back(std::move(result));
+    return true;
+  };
 }
 
 Backend with_precision(Backend backend, const CompileOptions& options) {

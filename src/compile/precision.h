@@ -6,6 +6,7 @@
 #pragma once
 
 #include <torchcompile/backends/backend.h>
+#include <torchcompile/capture/tracer.h>
 #include <torchcompile/runtime/compile_options.h>
 
 #include <string>
@@ -28,6 +29,11 @@ bool bf16_native();
 /// `backend` with the graph's Linears lowered to `options.precision` first (the backend itself
 /// for Float32). What became of each Linear goes into the compile report (explain()).
 Backend with_precision(Backend backend, const CompileOptions& options);
+
+/// For the tracer of a call compiled with `options`: computes the Linears the lowering will give
+/// the precision with its kernels while the call is traced, so that the call that traces returns
+/// what the compiled graph computes (the same rules, from the call's tensors). Null for Float32.
+capture::OpSubstitute trace_substitute(const CompileOptions& options, const capture::Tracer& tracer);
 
 /// The lowering itself, on `gm`: returns one line per Linear ("int8-dynamic: linear fc1
 /// [784 -> 512]", "float32: linear fc3 [512 -> 10]: small GEMM ...").

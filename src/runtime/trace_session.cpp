@@ -10,6 +10,7 @@
 
 #include "capture/observed.h"
 #include "compile/pipeline.h"
+#include "compile/precision.h"
 #include "runtime/dynamic_entry.h"
 #include "runtime/guards.h"
 #include "runtime/trace_context.h"
@@ -146,6 +147,9 @@ TracedRun trace_forward(const CompiledFunction& fn, const GuardSet& guards, cons
   TracedRun t;
   capture::Tracer tracer(fn.options().fullgraph);
   if (shapes_only) tracer.set_shapes_only();
+  // Under a reduced precision the call that traces computes its Linears as the compiled graph will.
+  if (!shapes_only && fn.options().precision != Precision::Float32)
+    tracer.set_substitute(compile_stage::trace_substitute(fn.options(), tracer));
   std::optional<ObservedInputs> observed_here;
   if (!dynamic) observed_here = observe_inputs(args, names, {}, !autograd_reason(args, names, fn.root()).empty());
   const ObservedInputs* observed = dynamic ? dynamic : &*observed_here;

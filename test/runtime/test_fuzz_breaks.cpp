@@ -17,6 +17,7 @@
 #include "support/test_util.h"
 
 #include <cstdlib>
+#include <functional>
 #include <cstring>
 #include <random>
 #include <sstream>
@@ -49,6 +50,8 @@ enum class Op {
   ReadPointer,  // computed data read through a pointer: an accessor element, positives counted
                 // from data_ptr, an int64 accessor
   Loop,         // for j in [0, L): body (with a read of n[(i + j) % 4] per iteration)
+  Linear,       // r[d] = Linear(128, 128)(r[a] repeated to 128 columns), its first 3 columns (only
+                // in programs for a reduced precision: the GEMM is large enough to be quantized)
 };
 
 struct Instr {
@@ -62,6 +65,9 @@ struct Program {
   std::vector<int> outputs;  // registers returned (may repeat); -1: the input x itself
   bool training = false;
   bool grad = false;
+  bool linear = false;      // has Linear instructions
+  int linears_run = 0;      // Linear instructions a call runs (loop bodies counted per iteration)
+  bool reads_data = false;  // branches on or sizes by computed data (ReadData, ReadPointer, DataSizes)
   std::string text;
 };
 
@@ -84,6 +90,7 @@ const char* op_name(Op op) {
     case Op::ReadData: return "read_data";
     case Op::ReadPointer: return "read_pointer";
     case Op::Loop: return "loop";
+    case Op::Linear: return "linear";
   }
   return "?";
 }
@@ -98,14 +105,24 @@ void describe(const std::vector<Instr>& code, std::ostream& os, int depth) {
 
 class Generator {
  public:
-  explicit Generator(uint64_t seed) : rng_(seed) {}
+  /// `linear`: programs with Linear instructions, in inference (no grad).
+  explicit Generator(uint64_t seed, bool linear = false) : rng_(seed), linear_(linear) {}
 
   Program program() {
     Program p;
     p.training = pick(2) == 0;
-    p.grad = pick(2) == 0;
+    p.grad = pick(2) == 0 && !linear_;
     const int n = 3 + pick(10);
     for (int s = 0; s < n; ++s) p.code.push_back(instr(/*in_loop=*/false));
+    std::function<void(const std::vector<Instr>&, int)> scan = [&](const std::vector<Instr>& code, int times) {
+      for (const Instr& in : code) {
+        p.linear = p.linear || in.op == Op::Linear;
+        if (in.op == Op::Linear) p.linears_run += times;
+        p.reads_data = p.reads_data || in.op == Op::ReadData || in.op == Op::ReadPointer || in.op == Op::DataSizes;
+        scan(in.body, times * (in.op == Op::Loop ? in.k : 1));
+      }
+    };
+    scan(p.code, 1);
     const int outs = 1 + pick(3);
     for (int s = 0; s < outs; ++s) p.outputs.push_back(pick(kRegs + 1) - 1);
     std::ostringstream os;
@@ -126,6 +143,7 @@ class Generator {
     in.op = static_cast<Op>(pick(kinds));
     // Reads are frequent: weight them up.
     if (pick(4) == 0) in.op = static_cast<Op>(static_cast<int>(Op::ReadBranch) + pick(4));
+    if (linear_ && pick(4) == 0) in.op = Op::Linear;
     in.d = pick(kRegs);
     in.a = pick(kRegs);
     in.b = pick(kRegs);
@@ -141,7 +159,29 @@ class Generator {
   }
 
   std::mt19937_64 rng_;
+  bool linear_ = false;
 };
+
+// The largest int8 weight of the int8 kernels on this CPU (63 without VNNI).
+double int8_weight_max() {
+  return static_cast<double>(
+      c10::Dispatcher::singleton().findSchemaOrThrow("torchcompile::int8_weight_max", "").typed<int64_t()>().call());
+}
+
+// linear_int8_dynamic's arithmetic in float32: the input quantized per tensor (uint8, asymmetric),
+// the weight per output channel (int8, symmetric), both dequantized.
+torch::Tensor fake_quant_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
+  const float mn = std::min(x.min().item<float>(), 0.f), mx = std::max(x.max().item<float>(), 0.f);
+  float scale = 1.f, zp = 0.f;
+  if (mx - mn > 0) {
+    scale = (mx - mn) / 255.f;
+    zp = std::min(std::max(std::nearbyint(-mn / scale), 0.f), 255.f);
+  }
+  auto xd = (torch::clamp(torch::round(x * (1.f / scale) + zp), 0, 255) - zp) * scale;
+  const double qmax = int8_weight_max();
+  auto ws = (w.abs().amax(1).clamp_min(1e-30) / qmax).unsqueeze(1);
+  return torch::linear(xd, torch::clamp(torch::round(w / ws), -qmax, qmax) * ws, b);
+}
 
 // The forward interpreting a program. Registers 0 and 4 start as the inputs x and y themselves
 // (in-place ops on them update the caller's tensors), the others as functions of x.
@@ -151,6 +191,12 @@ struct FuzzNet : torch::nn::Module {
     counter = register_buffer("counter", torch::zeros({3}));
     bn = register_module("bn", torch::nn::BatchNorm1d(3));
     drop = register_module("drop", torch::nn::Dropout(0.3));
+    if (program.linear) {  // the same weights in every copy of the net
+      proj = register_module("proj", torch::nn::Linear(128, 128));
+      torch::NoGradGuard no_grad;
+      proj->weight.copy_(torch::sin(torch::arange(128 * 128).to(torch::kFloat).view({128, 128}) * 0.37) * 0.1);
+      proj->bias.copy_(torch::cos(torch::arange(128).to(torch::kFloat)) * 0.1);
+    }
   }
 
   std::vector<torch::Tensor> forward(torch::Tensor x, torch::Tensor n, torch::Tensor y) {
@@ -308,6 +354,11 @@ struct FuzzNet : torch::nn::Module {
         }
         break;
       }
+      case Op::Linear: {
+        const torch::Tensor h = a.repeat({1, 43}).narrow(1, 0, 128);
+        d = (fake_quant ? fake_quant_linear(h, proj->weight, proj->bias) : proj->forward(h)).narrow(1, in.k % 3, 3);
+        break;
+      }
       case Op::Loop:
         for (int j = 0; j < in.k; ++j) run(in.body, r, n, offset + j);
         break;
@@ -315,6 +366,8 @@ struct FuzzNet : torch::nn::Module {
   }
 
   Program program;
+  bool fake_quant = false;  // Linear with int8-dynamic's arithmetic (the oracle of int8 programs)
+  torch::nn::Linear proj{nullptr};
   torch::Tensor weight, counter;
   torch::nn::BatchNorm1d bn{nullptr};
   torch::nn::Dropout drop{nullptr};
@@ -330,23 +383,40 @@ class Fuzz : public ::testing::TestWithParam<std::string> {};
 const char* const kInvalid = "invalid";
 
 // Runs one program; returns "" or what differed (kInvalid: eager itself throws).
-std::string check_program(const std::string& backend, uint64_t seed, int calls) {
-  Generator gen(seed);
+// `int8`: programs with Linears (Generator's `linear`), compiled with Precision::Int8Dynamic; the
+// oracle is eager with int8-dynamic's arithmetic done in float32 (FuzzNet::fake_quant), and for
+// programs whose control flow does not read computed data (which quantization may legitimately
+// flip), eager float32 too, within the documented bound.
+std::string check_program(const std::string& backend, uint64_t seed, int calls, bool int8 = false) {
+  Generator gen(seed, int8);
   Program p = gen.program();
   auto eager_net = std::make_shared<FuzzNet>(p);
   auto compiled_net = std::make_shared<FuzzNet>(p);
+  std::shared_ptr<FuzzNet> float_net;
   eager_net->train(p.training);
   compiled_net->train(p.training);
+  if (int8) {
+    eager_net->fake_quant = true;
+    if (!p.reads_data) {
+      float_net = std::make_shared<FuzzNet>(p);
+      float_net->train(p.training);
+    }
+  }
   std::optional<torch::NoGradGuard> no_grad;
   if (!p.grad) no_grad.emplace();
-  auto fast = torch::compile(compiled_net, backend);
-  const bool exact = backend == "eager";
+  auto fast = torch::compile(compiled_net, torchcompile::CompileOptions(backend).with_precision(
+                                               int8 ? torchcompile::Precision::Int8Dynamic : torchcompile::Precision::Float32));
+  const bool exact = backend == "eager" && !int8;
   // Backends with kernels of their own (fused's reductions and math, onednn's GEMMs) differ from
   // ATen in the last bits, which sums of values that are 0 up to rounding (the mean of a BatchNorm
   // output, accumulated into a buffer call after call) show at the 1e-6 level: the parity suite's
   // tolerance for such backends.
   const bool own_kernels = backend == "fused" || backend == "default";
-  const double rtol = own_kernels ? 1e-4 : 1e-5, atol = own_kernels ? 1e-5 : 1e-6;
+  // int8: the oracle quantizes as the kernel does, but a last-bit difference upstream (a GEMM's
+  // order of summation, a backend's own kernels) can move a value of a later Linear's input across
+  // a rounding boundary: one quantization level, which changes an output by about the input's
+  // scale times a weight (here up to ~5e-3).
+  const double rtol = own_kernels || int8 ? 1e-4 : 1e-5, atol = int8 ? 1e-2 : own_kernels ? 1e-5 : 1e-6;
   std::mt19937_64 values(seed * 7919 + 1);
   for (int call = 0; call < calls; ++call) {
     // Branch values: new ones early, repeats later (known continuations).
@@ -354,18 +424,24 @@ std::string check_program(const std::string& backend, uint64_t seed, int calls) 
     for (int k = 0; k < kReads; ++k) n[k] = static_cast<int64_t>(values() % 3);
     torch::manual_seed(seed + call);
     auto x = torch::randn({4, 3});
-    auto x_eager = x.clone(), x_compiled = x.clone();
+    auto x_eager = x.clone(), x_compiled = x.clone(), x_float = x.clone();
     // y: separate (half the calls), x itself, or a view of x.
     const int y_kind = static_cast<int>(values() % 4);
     auto y = torch::randn({4, 3});
     auto y_of = [&](const torch::Tensor& xs) {
       return y_kind < 2 ? y.clone() : y_kind == 2 ? xs : xs.view({4, 3});
     };
-    auto y_eager = y_of(x_eager), y_compiled = y_of(x_compiled);
+    auto y_eager = y_of(x_eager), y_compiled = y_of(x_compiled), y_float = y_of(x_float);
+    std::vector<torch::Tensor> float_out;
 
     torch::manual_seed(1000 + call);
     std::vector<torch::Tensor> expected;
     try {
+      if (float_net) {
+        torch::manual_seed(1000 + call);
+        float_out = float_net->forward(x_float, n, y_float);
+        torch::manual_seed(1000 + call);
+      }
       expected = eager_net->forward(x_eager, n, y_eager);
     } catch (const std::exception&) {
       return kInvalid;  // the program itself is not valid LibTorch (e.g. an overlapping in-place add)
@@ -387,6 +463,15 @@ std::string check_program(const std::string& backend, uint64_t seed, int calls) 
     if (expected.size() != actual.size()) why << "output count " << actual.size() << " vs " << expected.size();
     for (size_t o = 0; why.str().empty() && o < expected.size(); ++o)
       if (auto r = same(expected[o], actual[o]); !r) why << "output " << o << ": " << r.message();
+    // Against float32 (docs/precision.md): each int8 Linear a call runs adds at most 4% of an
+    // output's norm. (Looser than the 2% the benchmark models meet: an output here is 12 values, 3
+    // of a Linear's 128 columns, of inputs that repeat 12 values 43 times.)
+    const double bound = 0.04 * std::max(1, p.linears_run);
+    for (size_t o = 0; why.str().empty() && o < float_out.size() && o < actual.size(); ++o) {
+      const double err = (actual[o] - float_out[o]).norm().item<double>(), ref = float_out[o].norm().item<double>();
+      if (!(err <= bound * ref + 1e-3))
+        why << "output " << o << " differs from float32 by " << err << " (norm " << ref << ", bound " << bound << ")";
+    }
     if (why.str().empty())
       if (auto r = same(x_eager, x_compiled); !r) why << "input x after the call: " << r.message();
     if (why.str().empty())
@@ -409,8 +494,8 @@ std::string check_program(const std::string& backend, uint64_t seed, int calls) 
   return "";
 }
 
-TEST_P(Fuzz, RandomForwardsWithGraphBreaksMatchEager) {
-  const int programs = env_int("TORCHCOMPILE_FUZZ_PROGRAMS", 1000);
+void run_fuzz(const std::string& backend, bool int8, int default_programs) {
+  const int programs = env_int("TORCHCOMPILE_FUZZ_PROGRAMS", default_programs);
   const int seed = env_int("TORCHCOMPILE_FUZZ_SEED", 1);
   const int calls = env_int("TORCHCOMPILE_FUZZ_CALLS", 10);
   int failures = 0, invalid = 0;
@@ -418,19 +503,33 @@ TEST_P(Fuzz, RandomForwardsWithGraphBreaksMatchEager) {
   if (quiet) ::testing::internal::CaptureStderr();  // the cache-limit warnings of number-keyed breaks
   for (int k = 0; k < programs && failures < 3; ++k) {
     const uint64_t s = static_cast<uint64_t>(seed) + k;
-    std::string why = check_program(GetParam(), s, calls);
+    std::string why = check_program(backend, s, calls, int8);
     if (why.empty()) continue;
     if (why == kInvalid) {
       ++invalid;
       continue;
     }
     ++failures;
-    ADD_FAILURE() << "backend " << GetParam() << ", TORCHCOMPILE_FUZZ_SEED=" << s << ": " << why << "\nprogram:\n"
-                  << Generator(s).program().text;
+    ADD_FAILURE() << "backend " << backend << (int8 ? " (int8-dynamic)" : "") << ", TORCHCOMPILE_FUZZ_SEED=" << s
+                  << ": " << why << "\nprogram:\n" << Generator(s, int8).program().text;
   }
   if (quiet) ::testing::internal::GetCapturedStderr();
   EXPECT_LT(invalid, programs / 10 + 1) << "too many generated programs are not valid LibTorch";
 }
+
+TEST_P(Fuzz, RandomForwardsWithGraphBreaksMatchEager) { run_fuzz(GetParam(), false, 1000); }
+
+// The same programs with Linears, under Precision::Int8Dynamic (needs the onednn backend's kernels).
+class FuzzInt8 : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(FuzzInt8, RandomForwardsWithGraphBreaksMatchTheInt8Oracle) {
+  if (!torchcompile::precision_unavailable(torchcompile::Precision::Int8Dynamic).empty())
+    GTEST_SKIP() << torchcompile::precision_unavailable(torchcompile::Precision::Int8Dynamic);
+  run_fuzz(GetParam(), true, 300);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, FuzzInt8, ::testing::Values("eager", "default"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 INSTANTIATE_TEST_SUITE_P(Backends, Fuzz, ::testing::Values("eager", "aot_eager", "fused", "default"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });

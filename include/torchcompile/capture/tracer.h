@@ -43,6 +43,9 @@ void register_tracing_fallback();
 /// let the op be recorded, or consumes its arguments from the stack, pushes its results and
 /// returns true. Ops it calls are recorded in turn.
 using OpInterceptor = std::function<bool(const c10::OperatorHandle& op, std::vector<c10::IValue>* stack)>;
+/// Computes an operator's results in place of its kernel (replacing its arguments on the stack
+/// with its results), or returns false to let the kernel run. The operator is recorded as usual.
+using OpSubstitute = std::function<bool(const c10::OperatorHandle& op, std::vector<c10::IValue>* stack)>;
 
 /// Why a trace had to be abandoned.
 struct TraceFailure {
@@ -105,6 +108,13 @@ class Tracer {
   TraceLevel level() const { return level_; }
   /// Let `f` handle operators before they are recorded (record mode only).
   void set_interceptor(OpInterceptor f);
+  /// Let `f` compute operators in place of their kernels while recording them (record mode; not
+  /// with set_shapes_only). The compile stage's reduced precision uses it so that the call that
+  /// traces computes what the compiled graph will.
+  void set_substitute(OpSubstitute f);
+  /// The qualified name of the module attribute (parameter, buffer) whose memory `t` is, directly
+  /// or through views the trace recorded; nullopt for anything else.
+  std::optional<std::string> attribute_behind(const at::Tensor& t) const;
   /// Record shapes only: every op runs on meta tensors standing for its arguments (no data, no
   /// compute; an op without a meta kernel runs on zero-filled tensors of the same sizes), and
   /// the forward continues with meta results. The graph is recorded as usual, its metadata that
