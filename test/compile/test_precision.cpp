@@ -362,3 +362,64 @@ TEST(Precision, FourThreadsAtOnce) {
   for (auto& th : threads) th.join();
   EXPECT_EQ(bad.load(), 0);
 }
+
+// ---- the call that traces, float32 parts, packages -----------------------------------------------
+
+TEST(Precision, TheCallThatTracesComputesInThePrecisionToo) {
+  if (!have_kernels()) GTEST_SKIP() << "no oneDNN in this build";
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(0);
+  M5 m5;
+  auto x = torch::randn({4, 16, 512});
+  for (const char* backend : {"eager", "default"}) {
+    auto c = torch::compile(m5, with(backend, Precision::Int8Dynamic));
+    auto traced = c(x);    // traces: recorded while the forward runs
+    auto compiled = c(x);  // the compiled graph
+    EXPECT_TRUE(torch::allclose(traced, compiled, 1e-5, 1e-5)) << backend;
+    EXPECT_GT(rel_error(traced, m5(x)), 1e-6) << backend << ": the traced call computed in float32";
+  }
+}
+
+// A forward whose second output never meets a quantized Linear: it is what float32 gives.
+TEST(Precision, Float32PartsKeepTheirResults) {
+  if (!have_kernels()) GTEST_SKIP() << "no oneDNN in this build";
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(0);
+  auto big = torch::nn::Linear(256, 256).ptr();
+  auto small = torch::nn::Linear(256, 8).ptr();
+  auto norm = torch::nn::LayerNorm(torch::nn::LayerNormOptions({256})).ptr();
+  auto fn = [=](torch::Tensor x) {
+    auto quantized = torch::relu(big->forward(x));
+    auto kept = torch::gelu(small->forward(norm->forward(x * 2))).softmax(-1) + x.narrow(1, 0, 8).sin();
+    return std::vector<torch::Tensor>{quantized, kept};
+  };
+  auto x = torch::randn({32, 256});
+  const auto want = fn(x);
+  for (const char* backend : {"eager", "fused", "default"}) {
+    auto f32 = torch::compile(fn, backend);
+    auto q = torch::compile(fn, with(backend, Precision::Int8Dynamic));
+    const auto got = tc_test::second_call(q, x), got32 = tc_test::second_call(f32, x);
+    EXPECT_GT(rel_error(got[0], want[0]), 1e-5) << backend;  // quantized
+    EXPECT_TRUE(torch::equal(got[1], got32[1])) << backend << ": the float32 part changed";
+    EXPECT_TRUE(torch::allclose(got[1], want[1], 1e-5, 1e-6)) << backend;
+  }
+}
+
+TEST(Precision, SavedPackagesKeepThePrecision) {
+  if (!have_kernels()) GTEST_SKIP() << "no oneDNN in this build";
+  const char* dir = std::getenv("TORCHCOMPILE_TEST_BINARY_DIR");
+  ASSERT_NE(dir, nullptr);
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(0);
+  torchcompile_examples::Mlp m1;
+  auto c = torch::compile(m1, with("default", Precision::Int8Dynamic));
+  auto x = torch::randn({16, 784});
+  const auto want = tc_test::second_call(c, x);
+  const std::string path = std::string(dir) + "/precision_int8_mlp.tcpkg";
+  torchcompile::save(c, path);
+  torchcompile::LoadedModule loaded = torchcompile::load(path, "default");
+  const auto texts = loaded.graph_texts();
+  ASSERT_EQ(texts.size(), 1u);
+  EXPECT_NE(texts[0].find("torchcompile::linear_int8_dynamic"), std::string::npos) << texts[0];
+  EXPECT_TRUE(torch::allclose(loaded(x).toTensor(), want, 1e-5, 1e-5));
+}
