@@ -48,6 +48,11 @@
 //   torchscript, onednn, fused, default
 //                  torch::compile(m, "<name>")
 //   aot_eager      training rows only: AOT autograd, forward and backward graphs interpreted
+//   default int8, default bf16
+//                  inference rows only: `default` with Precision::Int8Dynamic / BFloat16
+//                  (docs/precision.md), compared with eager's float32 result by relative error
+//                  (bounds 2% / 1%), which the table shows beside the speedup; bf16 is n/a, with
+//                  the reason, on a CPU without AVX512-BF16 or AMX
 // A mode whose backend is not registered (torchcompile::has_backend) is skipped and shown as
 // "n/a". Each compiled mode is checked against eager once (outputs, and the loss and gradients of
 // a training step) before it is timed; a mismatch or an eager fallback is flagged in the tables.
@@ -1077,7 +1082,11 @@ std::string report(Results& res) {
   std::ostringstream os;
   os << "## Median ms per call (speedup = eager median / mode median, same run)\n\n";
   os << main_table(res);
-  os << "\nn/a: backend not registered in this build; –: mode not applicable (aot_eager: training rows only). "
+  os << "\nn/a: backend not registered in this build";
+  for (const Mode& m : modes())
+    if (m.precision != torchcompile::Precision::Float32 && !torchcompile::precision_unavailable(m.precision).empty())
+      os << ", or (" << m.name << ") " << torchcompile::precision_unavailable(m.precision);
+  os << "; –: mode not applicable (aot_eager: training rows only; int8 and bf16: inference rows only). "
         "≠: result differs from eager beyond rtol 1e-3, atol 1e-4; †: the runtime fell back to eager; error: "
         "compiling or the first call threw (numbers in brackets refer to the notes below).\n";
   if (!res.notes.empty()) {

@@ -373,10 +373,15 @@ TEST(Precision, TheCallThatTracesComputesInThePrecisionToo) {
   auto x = torch::randn({4, 16, 512});
   for (const char* backend : {"eager", "default"}) {
     auto c = torch::compile(m5, with(backend, Precision::Int8Dynamic));
-    auto traced = c(x);    // traces: recorded while the forward runs
-    auto compiled = c(x);  // the compiled graph
-    EXPECT_TRUE(torch::allclose(traced, compiled, 1e-5, 1e-5)) << backend;
-    EXPECT_GT(rel_error(traced, m5(x)), 1e-6) << backend << ": the traced call computed in float32";
+    // The MLP branch (the output minus the residual x): int8 differs from float32 there by ~1.6%.
+    auto traced = c(x) - x;    // traces: recorded while the forward runs
+    auto compiled = c(x) - x;  // the compiled graph
+    auto float32 = m5(x) - x;
+    // `eager` replays ATen's ops: the same numbers. `default`'s own LayerNorm and GELU differ from
+    // ATen's in the last bits, which can move an input of the second Linear across a rounding
+    // boundary of its quantization: one level, a few elements.
+    EXPECT_LT(rel_error(traced, compiled), std::string(backend) == "eager" ? 1e-6 : 2e-3) << backend;
+    EXPECT_GT(rel_error(traced, float32), 5e-3) << backend << ": the traced call computed in float32";
   }
 }
 
