@@ -7,6 +7,11 @@
 #include <torchcompile/ir/split.h>
 #include <torchcompile/support/logging.h>
 
+#include <ATen/Parallel.h>
+
+#include <map>
+#include <mutex>
+
 namespace torchcompile::backends {
 
 namespace onednn {
@@ -32,6 +37,45 @@ Compiled compile_error(const std::exception& e) {
 }  // namespace
 
 namespace {
+
+// oneDNN's primitives fix their number of threads when they are created (the intra-op count of
+// the creating thread: at::get_num_threads()), and run with that many whatever LibTorch's count is
+// later. So a program serves the count it was built with; a call made with another count (after
+// at::set_num_threads, or from a thread whose count differs) runs a program built for that count,
+// made from the same graph at its first such call and kept.
+struct ProgramsByThreads {
+  int threads = 0;
+  std::shared_ptr<Program> first;
+  std::mutex mutex;
+  std::map<int, std::shared_ptr<Program>> others;
+};
+
+CompiledFn for_thread_counts(GraphModule& gm, bool vary_rows, const ScanKernels& scan, std::shared_ptr<Program> prog) {
+  auto state = std::make_shared<ProgramsByThreads>();
+  state->threads = at::get_num_threads();
+  state->first = std::move(prog);
+  GraphModule* graph = &gm;  // lives as long as the compiled function (the backend contract)
+  const ScanKernels* kernels = &scan;
+  return [state, graph, vary_rows, kernels](std::vector<at::Tensor> inputs) {
+    const int threads = at::get_num_threads();
+    if (C10_LIKELY(threads == state->threads)) return state->first->run(std::move(inputs));
+    std::shared_ptr<Program> prog;
+    {
+      std::lock_guard<std::mutex> lock(state->mutex);
+      auto& slot = state->others[threads];
+      if (!slot) {
+        TORCHCOMPILE_LOG(logging::LogKind::Recompiles, "onednn: rebuilding a program's primitives for ", threads,
+                         " intra-op thread(s) (built for ", state->threads, ")");
+        Compiler c(*graph);
+        if (vary_rows) c.vary_rows();
+        c.match();
+        slot = c.build(*kernels);
+      }
+      prog = slot;
+    }
+    return prog->run(std::move(inputs));
+  };
+}
 
 Compiled compile_graph(GraphModule& gm, const std::vector<at::Tensor>& example_inputs, bool vary_rows) {
   if (needs_autograd(gm, example_inputs)) return declined(kNeedsAutogradReason);
@@ -66,7 +110,7 @@ Compiled compile_graph(GraphModule& gm, const std::vector<at::Tensor>& example_i
       const auto* mm = dynamic_cast<const MatmulStep*>(step.get());
       result.rows_gemms += mm && mm->rows_k;
     }
-    result.fn = [prog](std::vector<at::Tensor> inputs) { return prog->run(std::move(inputs)); };
+    result.fn = for_thread_counts(gm, vary_rows, scan, std::move(prog));
   } catch (const std::exception& e) {
     return compile_error(e);
   }

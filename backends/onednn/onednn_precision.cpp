@@ -148,8 +148,9 @@ struct Prim {
 
 std::shared_ptr<const Prim> primitive(Kind kind, int64_t K, int64_t N, bool has_bias) {
   static std::mutex mutex;
-  static std::map<std::tuple<int, int64_t, int64_t, bool>, std::shared_ptr<const Prim>> cache;
-  const auto key = std::make_tuple(static_cast<int>(kind), K, N, has_bias);
+  // oneDNN fixes a primitive's number of threads when it is created: one per intra-op count.
+  static std::map<std::tuple<int, int64_t, int64_t, bool, int>, std::shared_ptr<const Prim>> cache;
+  const auto key = std::make_tuple(static_cast<int>(kind), K, N, has_bias, at::get_num_threads());
   std::lock_guard<std::mutex> lock(mutex);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
@@ -182,7 +183,9 @@ struct PackedWeight {
   std::vector<float> scales; // int8: per output channel
 };
 
-using WeightKey = std::tuple<const c10::StorageImpl*, int64_t, std::vector<int64_t>, std::vector<int64_t>, int>;
+// The weight's memory and layout, the kind of pack and the intra-op thread count (the packed
+// layout is the primitive's, made per count).
+using WeightKey = std::tuple<const c10::StorageImpl*, int64_t, std::vector<int64_t>, std::vector<int64_t>, int, int>;
 
 // Whether LibTorch may write `w` without bumping its version: an optimizer's step writes a
 // parameter that has a gradient through `p.data()`.
@@ -239,7 +242,7 @@ std::shared_ptr<const PackedWeight> packed_weight(const at::Tensor& w, Kind kind
   static std::mutex mutex;
   static std::map<WeightKey, std::shared_ptr<const PackedWeight>> cache;
   WeightKey key{w.storage().unsafeGetStorageImpl(), w.storage_offset(), w.sizes().vec(), w.strides().vec(),
-                static_cast<int>(kind) * 2 + (has_bias ? 1 : 0)};
+                static_cast<int>(kind) * 2 + (has_bias ? 1 : 0), at::get_num_threads()};
   {
     std::lock_guard<std::mutex> lock(mutex);
     auto it = cache.find(key);

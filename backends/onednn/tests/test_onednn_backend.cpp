@@ -7,8 +7,16 @@
 #include "examples/models.h"
 #include <torchcompile/support/logging.h>
 
+#include <ATen/Parallel.h>
+
+#include <dirent.h>
+
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <fstream>
+#include <map>
+#include <sstream>
 #include <functional>
 #include <limits>
 #include <random>
@@ -1421,4 +1429,87 @@ TEST(OneDnnBackend, GemmsWithRunTimeRowsFollowWeightUpdates) {
     sgd.step();
   }
   check("after an optimizer step");
+}
+
+// ---- the intra-op thread count ------------------------------------------------------------------
+
+namespace {
+
+// CPU time (clock ticks) of each thread of this process, by thread id (/proc/self/task/*/stat).
+std::map<int, long> thread_ticks() {
+  std::map<int, long> ticks;
+  DIR* dir = opendir("/proc/self/task");
+  if (!dir) return ticks;
+  while (dirent* e = readdir(dir)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream f(std::string("/proc/self/task/") + e->d_name + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const size_t close = stat.rfind(')');  // the name may hold spaces
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    std::string field;
+    long utime = 0, stime = 0;
+    for (int k = 3; k <= 15 && rest >> field; ++k) {  // fields 14 and 15: utime, stime
+      if (k == 14) utime = std::stol(field);
+      if (k == 15) stime = std::stol(field);
+    }
+    ticks[std::atoi(e->d_name)] = utime + stime;
+  }
+  closedir(dir);
+  return ticks;
+}
+
+// How many threads were busy while `f` ran for about `ms` milliseconds: those that used at least
+// a quarter of the busiest one's CPU time.
+int busy_threads(const std::function<void()>& f, int ms = 400) {
+  const auto before = thread_ticks();
+  const auto start = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(ms)) f();
+  const auto after = thread_ticks();
+  long most = 0;
+  std::vector<long> used;
+  for (const auto& [tid, t] : after) {
+    auto it = before.find(tid);
+    used.push_back(t - (it == before.end() ? 0 : it->second));
+    most = std::max(most, used.back());
+  }
+  int busy = 0;
+  for (long u : used) busy += most > 0 && 4 * u >= most;
+  return busy;
+}
+
+struct Threads {
+  int saved = at::get_num_threads();
+  ~Threads() { at::set_num_threads(saved); }
+};
+
+}  // namespace
+
+// A graph compiled while LibTorch runs 2 intra-op threads uses 1 after at::set_num_threads(1)
+// (oneDNN's primitives keep the count they were created with: the program is rebuilt for the new
+// count), and 2 again after going back; so do the int8 kernels of Precision::Int8Dynamic.
+TEST(OneDnnBackend, CompiledCallsFollowTheIntraOpThreadCount) {
+  if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "needs 2 cores";
+  Threads restore;
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(0);
+  auto lin1 = torch::nn::Linear(1024, 1024), lin2 = torch::nn::Linear(1024, 1024);
+  auto fn = [&](torch::Tensor x) { return lin2(torch::relu(lin1(x))); };
+  auto x = torch::randn({256, 1024});
+  for (const char* backend : {"onednn", "default", "default int8"}) {
+    at::set_num_threads(2);
+    const bool int8 = std::string(backend) == "default int8";
+    auto fast = torch::compile(fn, torchcompile::CompileOptions("default").with_backend(int8 ? "default" : backend)
+                                       .with_precision(int8 ? torchcompile::Precision::Int8Dynamic
+                                                            : torchcompile::Precision::Float32));
+    fast(x);
+    fast(x);
+    EXPECT_EQ(busy_threads([&] { fast(x); }), 2) << backend << ": compiled with 2 threads";
+    at::set_num_threads(1);
+    EXPECT_EQ(busy_threads([&] { fn(x); }), 1) << "eager with 1 thread";
+    EXPECT_EQ(busy_threads([&] { fast(x); }), 1) << backend << " after at::set_num_threads(1)";
+    if (!int8) EXPECT_TRUE(torch::allclose(fast(x), fn(x), 1e-4, 1e-4)) << backend;
+    at::set_num_threads(2);
+    EXPECT_EQ(busy_threads([&] { fast(x); }), 2) << backend << " back at 2 threads";
+  }
 }
