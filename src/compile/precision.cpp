@@ -66,7 +66,7 @@ std::string path_of(const LinearFacts& f) {
 }
 
 // "" if the Linear takes the precision, else why it keeps float32.
-std::string keep_reason(const LinearFacts& f, const CompileOptions& options) {
+std::string keep_reason(const LinearFacts& f, const PrecisionOptions& options) {
   if (!f.why_not.empty()) return f.why_not;
   if (!f.f32) return "not float32 CPU tensors with a 2-D or larger input";
   if (kept_by_user(path_of(f), options.keep_float32)) return "keep_float32";
@@ -98,6 +98,8 @@ std::string precision_unavailable(Precision p) {
            " needs the int8 / bfloat16 kernels of the onednn backend, and this build of torchcompile has no oneDNN "
            "(install libdnnl-dev and rebuild)";
   }
+  if (p == Precision::Int8Dynamic && !support::cpu_has(support::Isa::Avx2))
+    return "precision int8-dynamic needs a CPU with AVX2 (oneDNN's int8 GEMM); this one has none";
   if (p == Precision::BFloat16 && !compile_stage::bf16_native()) {
     const char* isa = std::getenv("TORCHCOMPILE_ISA");
     return std::string("precision bfloat16 needs a CPU with AVX512-BF16 or AMX-BF16 instructions; this one has "
@@ -111,11 +113,11 @@ std::string precision_unavailable(Precision p) {
 
 namespace compile_stage {
 
-void check_precision(const CompileOptions& options) {
+void check_precision(const PrecisionOptions& options) {
   if (options.precision == Precision::Float32) return;
   const std::string why = precision_unavailable(options.precision);
   if (why.empty()) return;
-  TORCH_CHECK(options.precision == Precision::BFloat16 && options.emulate_precision &&
+  TORCH_CHECK(options.precision == Precision::BFloat16 && options.emulate &&
                   why.rfind("precision bfloat16 needs a CPU", 0) == 0,
               why,
               options.precision == Precision::BFloat16
@@ -191,7 +193,7 @@ std::optional<Gemm> match_gemm(const ir::Node* n) {
 
 }  // namespace
 
-std::vector<std::string> lower_precision(GraphModule& gm, const CompileOptions& options) {
+std::vector<std::string> lower_precision(GraphModule& gm, const PrecisionOptions& options) {
   std::vector<std::string> lines;
   if (options.precision == Precision::Float32) return lines;
   const c10::OperatorHandle kernel = ir::find_op(kernel_of(options.precision));
@@ -256,7 +258,7 @@ std::vector<std::string> lower_precision(GraphModule& gm, const CompileOptions& 
   return lines;
 }
 
-capture::OpSubstitute trace_substitute(const CompileOptions& options, const capture::Tracer& tracer) {
+capture::OpSubstitute trace_substitute(const PrecisionOptions& options, const capture::Tracer& tracer) {
   if (options.precision == Precision::Float32) return nullptr;
   const c10::OperatorHandle kernel = ir::find_op(kernel_of(options.precision));
   const bool emulate = options.precision == Precision::BFloat16 && !bf16_native();
@@ -309,7 +311,7 @@ capture::OpSubstitute trace_substitute(const CompileOptions& options, const capt
   };
 }
 
-Backend with_precision(Backend backend, const CompileOptions& options) {
+Backend with_precision(Backend backend, const PrecisionOptions& options) {
   if (options.precision == Precision::Float32) return backend;
   return [backend = std::move(backend), options](GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
     std::vector<std::string> lines;

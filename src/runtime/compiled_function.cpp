@@ -104,8 +104,8 @@ CompiledFunction::CompiledFunction(CompileOptions options, std::shared_ptr<torch
   verify_ = options_.verify || (verify_env != nullptr && std::string(verify_env) == "1");
   // Resolve now so a misspelt backend name (or a precision this build or CPU cannot give) fails
   // at torch::compile, not at the first call.
-  compile_stage::check_precision(options_);
-  backend_ = compile_stage::with_precision(resolve_backend(), options_);
+  compile_stage::check_precision(options_.precision_options());
+  backend_ = compile_stage::with_precision(resolve_backend(), options_.precision_options());
 }
 
 CompiledFunction::~CompiledFunction() = default;

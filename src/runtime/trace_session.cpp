@@ -149,7 +149,7 @@ TracedRun trace_forward(const CompiledFunction& fn, const GuardSet& guards, cons
   if (shapes_only) tracer.set_shapes_only();
   // Under a reduced precision the call that traces computes its Linears as the compiled graph will.
   if (!shapes_only && fn.options().precision != Precision::Float32)
-    tracer.set_substitute(compile_stage::trace_substitute(fn.options(), tracer));
+    tracer.set_substitute(compile_stage::trace_substitute(fn.options().precision_options(), tracer));
   std::optional<ObservedInputs> observed_here;
   if (!dynamic) observed_here = observe_inputs(args, names, {}, !autograd_reason(args, names, fn.root()).empty());
   const ObservedInputs* observed = dynamic ? dynamic : &*observed_here;

@@ -1,7 +1,7 @@
 # Configure, build and run test_runtime (graph breaks, fuzzing, parity, signatures), test_aot, test_dynamic,
 # test_repro, the onednn backend's tests (test_onednn, backends/onednn/tests/), test_frontend (TorchScript
-# modules), test_capture's fast-path operator test and test_package (packages saved and loaded, and
-# the loader fuzzed with 10,000 mutated packages) with AddressSanitizer and UndefinedBehaviorSanitizer. Any UB report aborts the run, and the
+# modules), test_capture's fast-path operator test, test_package (packages saved and loaded, and
+# the loader fuzzed with 10,000 mutated packages) and test_precision (the int8 / bfloat16 kernels) with AddressSanitizer and UndefinedBehaviorSanitizer. Any UB report aborts the run, and the
 # vptr check is off (see TORCHCOMPILE_SANITIZE in the top-level CMakeLists.txt).
 #
 # LibTorch itself is not instrumented: its allocations are still checked through ASan's malloc
@@ -25,7 +25,7 @@ execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${BINARY_DIR} -G ${
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "asan: configure failed")
 endif()
-execute_process(COMMAND ${CMAKE_COMMAND} --build ${BINARY_DIR} --target test_runtime test_aot test_dynamic test_repro test_onednn test_frontend test_capture test_package package_loader RESULT_VARIABLE rc)
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${BINARY_DIR} --target test_runtime test_aot test_dynamic test_repro test_onednn test_frontend test_capture test_package package_loader test_precision RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "asan: build failed")
 endif()
@@ -69,4 +69,8 @@ endif()
 execute_process(COMMAND ${BINARY_DIR}/test/test_package RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "asan: test_package failed under AddressSanitizer/UBSan (exit ${rc})")
+endif()
+execute_process(COMMAND ${BINARY_DIR}/test/test_precision RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "asan: test_precision failed under AddressSanitizer/UBSan (exit ${rc})")
 endif()

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <torchcompile/backends/registry.h>
+#include <torchcompile/compile/precision.h>
 
 #include <cstddef>
 #include <optional>
@@ -11,26 +12,6 @@
 #include <vector>
 
 namespace torchcompile {
-
-/// The arithmetic the GEMMs of a compiled graph use (docs/precision.md). Every other op stays
-/// float32.
-///  - Float32: as written (the default).
-///  - Int8Dynamic: each Linear whose weight is a module parameter or buffer is computed in int8:
-///    the weight quantized once per output channel (symmetric, int8), the input quantized at
-///    each call (per tensor, asymmetric, uint8), int32 accumulation, float32 result. Inference
-///    only.
-///  - BFloat16: those Linears with bfloat16 inputs and weights and float32 accumulation and
-///    result, on CPUs with AVX512-BF16 or AMX; on other CPUs compiling is an error unless
-///    `emulate_precision` is set. Inference only.
-enum class Precision { Float32, Int8Dynamic, BFloat16 };
-
-/// "float32", "int8-dynamic", "bfloat16".
-const char* to_string(Precision p);
-
-/// Why `p` cannot be compiled natively on this machine, or "" if it can: this build has no
-/// int8 / bfloat16 kernels (built without oneDNN), or, for BFloat16, the CPU has neither
-/// AVX512-BF16 nor AMX-BF16 (CompileOptions::emulate_precision still allows it, slower).
-std::string precision_unavailable(Precision p);
 
 /// How to compile. Implicitly constructible from a backend name or a backend function, so
 /// `compile(m, "debug")`, `compile(m, my_backend)` and `compile(m, options)` all work.
@@ -90,6 +71,9 @@ struct CompileOptions {
   CompileOptions& with_precision(Precision p) { precision = p; return *this; }
   CompileOptions& with_keep_float32(std::vector<std::string> paths) { keep_float32 = std::move(paths); return *this; }
   CompileOptions& with_emulated_precision(bool on = true) { emulate_precision = on; return *this; }
+
+  /// The fields the precision pass reads.
+  PrecisionOptions precision_options() const { return {precision, keep_float32, emulate_precision}; }
 };
 
 }  // namespace torchcompile
