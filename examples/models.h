@@ -43,6 +43,28 @@ struct ConvNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(ConvNet);
 
+// M4: one transformer encoder layer (input: seq, batch, feature).
+struct M4Impl : torch::nn::Module {
+  M4Impl()
+      : layer(register_module("layer", torch::nn::TransformerEncoderLayer(
+                                           torch::nn::TransformerEncoderLayerOptions(256, 4).dim_feedforward(1024).dropout(0.0)))) {}
+  torch::Tensor forward(torch::Tensor x) { return layer(x); }
+  torch::nn::TransformerEncoderLayer layer;
+};
+TORCH_MODULE(M4);
+
+// M5: LayerNorm -> Linear -> GELU -> Linear, plus residual.
+struct M5Impl : torch::nn::Module {
+  M5Impl()
+      : norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({512})))),
+        up(register_module("up", torch::nn::Linear(512, 2048))),
+        down(register_module("down", torch::nn::Linear(2048, 512))) {}
+  torch::Tensor forward(torch::Tensor x) { return x + down(torch::gelu(up(norm(x)))); }
+  torch::nn::LayerNorm norm;
+  torch::nn::Linear up, down;
+};
+TORCH_MODULE(M5);
+
 // M8: 50 chained tiny ops cycling x+0.5, x*0.9, relu, sin.
 inline torch::Tensor chain50(torch::Tensor x) {
   for (int i = 0; i < 50; ++i) {

@@ -14,6 +14,7 @@
 // and --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true: the machine is
 // shared and noisy, and interleaved repetitions spread load changes over all modes.
 #include "bench_context.h"
+#include "examples/models.h"
 
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
@@ -53,16 +54,7 @@ torch::nn::Sequential make_m1() {
                                torch::nn::ReLU(), torch::nn::Linear(512, 10));
 }
 
-// M5: LayerNorm(512) -> Linear(512,2048) -> GELU -> Linear(2048,512), plus residual.
-struct M5Impl : torch::nn::Module {
-  M5Impl()
-      : norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({512})))),
-        up(register_module("up", torch::nn::Linear(512, 2048))),
-        down(register_module("down", torch::nn::Linear(2048, 512))) {}
-  torch::Tensor forward(const torch::Tensor& x) { return x + down(torch::gelu(up(norm(x)))); }
-  torch::nn::LayerNorm norm;
-  torch::nn::Linear up, down;
-};
+using torchcompile_examples::M5Impl;  // M5: LayerNorm -> Linear -> GELU -> Linear, plus residual
 
 struct Model {
   std::string name;

@@ -120,25 +120,8 @@ torch::Tensor pointwise_chain(torch::Tensor x) {
 
 using torchcompile_examples::ConvNetImpl;  // M3
 
-// M4: one transformer encoder layer (input: seq, batch, feature).
-struct M4Impl : torch::nn::Module {
-  M4Impl()
-      : layer(register_module("layer", torch::nn::TransformerEncoderLayer(
-                                           torch::nn::TransformerEncoderLayerOptions(256, 4).dim_feedforward(1024).dropout(0.0)))) {}
-  torch::Tensor forward(torch::Tensor x) { return layer(x); }
-  torch::nn::TransformerEncoderLayer layer;
-};
-
-// M5: LayerNorm -> Linear -> GELU -> Linear, plus residual.
-struct M5Impl : torch::nn::Module {
-  M5Impl()
-      : norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({512})))),
-        up(register_module("up", torch::nn::Linear(512, 2048))),
-        down(register_module("down", torch::nn::Linear(2048, 512))) {}
-  torch::Tensor forward(torch::Tensor x) { return x + down(torch::gelu(up(norm(x)))); }
-  torch::nn::LayerNorm norm;
-  torch::nn::Linear up, down;
-};
+using torchcompile_examples::M4Impl;
+using torchcompile_examples::M5Impl;
 
 // Layers real C++ programs use (issue 16's coverage rows), eval(), fp32:
 // DCGAN: a DCGAN generator, ConvTranspose2d-BN-ReLU x4 then ConvTranspose2d-Tanh, (16,100,1,1) ->

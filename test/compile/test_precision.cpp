@@ -58,25 +58,8 @@ torch::Tensor fake_quant_linear(const torch::Tensor& x, const torch::Tensor& w, 
   return torch::linear(xd, wd, b);
 }
 
-struct M4Impl : torch::nn::Module {
-  M4Impl()
-      : layer(register_module("layer", torch::nn::TransformerEncoderLayer(
-                                           torch::nn::TransformerEncoderLayerOptions(256, 4).dim_feedforward(1024).dropout(0.0)))) {}
-  torch::Tensor forward(torch::Tensor x) { return layer(x); }
-  torch::nn::TransformerEncoderLayer layer;
-};
-TORCH_MODULE(M4);
-
-struct M5Impl : torch::nn::Module {
-  M5Impl()
-      : norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({512})))),
-        up(register_module("up", torch::nn::Linear(512, 2048))),
-        down(register_module("down", torch::nn::Linear(2048, 512))) {}
-  torch::Tensor forward(torch::Tensor x) { return x + down(torch::gelu(up(norm(x)))); }
-  torch::nn::LayerNorm norm;
-  torch::nn::Linear up, down;
-};
-TORCH_MODULE(M5);
+using torchcompile_examples::M4;
+using torchcompile_examples::M5;
 
 }  // namespace
 
