@@ -407,7 +407,7 @@ TEST(Precision, Float32PartsKeepTheirResults) {
 TEST(Precision, SavedPackagesKeepThePrecision) {
   if (!have_kernels()) GTEST_SKIP() << "no oneDNN in this build";
   const char* dir = std::getenv("TORCHCOMPILE_TEST_BINARY_DIR");
-  ASSERT_NE(dir, nullptr);
+  if (!dir || !*dir) dir = "/tmp";  // run by hand or by the sanitizer scripts
   torch::NoGradGuard no_grad;
   torch::manual_seed(0);
   torchcompile_examples::Mlp m1;
