@@ -43,6 +43,11 @@ enum class Kind { Int8, Bf16, Bf16Emulated };
 // A product, then a sum, each rounded to float32 (no fused multiply-add: this file is compiled with
 // -ffp-contract=off), as ATen computes `x * (1 / scale) + zero_point`: tests compare with that.
 
+void quantize_scalar(const float* x, uint8_t* q, int64_t n, float inv, float zp) {
+  for (int64_t i = 0; i < n; ++i)
+    q[i] = static_cast<uint8_t>(std::min(std::max(std::nearbyint(x[i] * inv + zp), 0.f), 255.f));
+}
+
 // GCC 12 warns about the `_mm512_undefined` inside its own AVX-512 intrinsics when they are
 // enabled by a target attribute rather than by flags.
 #pragma GCC diagnostic push
@@ -57,7 +62,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))) void quantize_avx5
     v = _mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), lo), hi);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
   }
-  for (; i < n; ++i) q[i] = static_cast<uint8_t>(std::min(std::max(std::nearbyint(x[i] * inv + zp), 0.f), 255.f));
+  quantize_scalar(x + i, q + i, n - i, inv, zp);  // the tail
 }
 #pragma GCC diagnostic pop
 
@@ -80,12 +85,7 @@ __attribute__((target("avx2,fma"))) void quantize_avx2(const float* x, uint8_t* 
     const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, cd), order);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), bytes);
   }
-  for (; i < n; ++i) q[i] = static_cast<uint8_t>(std::min(std::max(std::nearbyint(x[i] * inv + zp), 0.f), 255.f));
-}
-
-void quantize_scalar(const float* x, uint8_t* q, int64_t n, float inv, float zp) {
-  for (int64_t i = 0; i < n; ++i)
-    q[i] = static_cast<uint8_t>(std::min(std::max(std::nearbyint(x[i] * inv + zp), 0.f), 255.f));
+  quantize_scalar(x + i, q + i, n - i, inv, zp);  // the tail
 }
 
 void quantize(const float* x, uint8_t* q, int64_t n, float inv, float zp) {
