@@ -18,15 +18,24 @@ namespace torchcompile::backends::onednn::detail {
 
 namespace {
 
-// Transposed convolutions run as oneDNN deconvolutions (channels-last activations) where that
-// wins over ATen: with oneDNN 3 (brgemm kernels; a DCGAN generator 1.2x over LibTorch 2.6's eager,
-// which runs oneDNN deconvolutions itself, but without BatchNorm folded), not with oneDNN 2.6,
-// whose direct kernels ran that generator 2x slower than ATen 1.13's slow_conv_transpose2d.
-// TORCHCOMPILE_ONEDNN_DECONV=1 / 0 overrides. (Read at each compile.)
-bool deconv_enabled() {
+// How transposed convolutions run (TORCHCOMPILE_ONEDNN_DECONV; read at each compile):
+//  - `gemm` (the default with oneDNN 2): a GEMM and a gather (TConvStep). With oneDNN 2.6 the
+//    deconvolution primitive's direct kernels ran a DCGAN generator 2x slower than ATen 1.13's
+//    slow_conv_transpose2d (which makes one small GEMM per image, then col2im), while one GEMM
+//    over the whole batch runs at oneDNN matmul's rate (brgemm on AVX-512, ~210 GFLOP/s here).
+//  - `1` (the default with oneDNN 3): oneDNN's deconvolution over channels-last activations
+//    (brgemm kernels; a DCGAN generator 1.2x over LibTorch 2.6's eager, which runs oneDNN
+//    deconvolutions itself, but without BatchNorm folded).
+//  - `0`: ATen's.
+enum class TransposedPath { Aten, Deconv, Gemm };
+TransposedPath transposed_path() {
   const char* e = std::getenv("TORCHCOMPILE_ONEDNN_DECONV");
-  if (e && *e) return std::string(e) == "1";
-  return DNNL_VERSION_MAJOR >= 3;
+  const std::string v = e ? e : "";
+  if (v == "0") return TransposedPath::Aten;
+  if (v == "1") return TransposedPath::Deconv;
+  if (v == "gemm") return TransposedPath::Gemm;
+  TORCH_CHECK(v.empty(), "TORCHCOMPILE_ONEDNN_DECONV: expected 0, 1 or gemm, got '", v, "'");
+  return DNNL_VERSION_MAJOR >= 3 ? TransposedPath::Deconv : TransposedPath::Gemm;
 }
 
 // oneDNN's Winograd F(4x4, 3x3) convolution does about half the multiplications of the direct
@@ -76,8 +85,11 @@ bool feeds_winograd(const Group& g, const std::unordered_map<const Node*, Group*
 }
 
 // The prepacked weights (BatchNorm folded in) and bias of a convolution group, in `packed_md`;
-// re-packed when one of the module's tensors changes.
-std::shared_ptr<PackedHolder> pack_conv(const Group& g, const md_t& packed_md, const ScanKernels* scan) {
+// re-packed when one of the module's tensors changes. With `gemm` (a transposed convolution's
+// TConvStep) the weights are the (IC, KH * KW * OC) matrix of the step's GEMM, else oneDNN's
+// convolution or deconvolution weights.
+std::shared_ptr<PackedHolder> pack_conv(const Group& g, const md_t& packed_md, const ScanKernels* scan,
+                                        bool gemm = false) {
   const FoldedBatchNorm fbn = g.bn.value_or(FoldedBatchNorm{});
   std::vector<const at::Tensor*> sources{g.weight_attr};
   for (const at::Tensor* t : {g.conv_bias_attr, fbn.weight, fbn.bias, fbn.running_mean, fbn.running_var})
@@ -91,7 +103,8 @@ std::shared_ptr<PackedHolder> pack_conv(const Group& g, const md_t& packed_md, c
   const int64_t G = g.groups;
   const bool transposed = g.transposed;
   // Which sources are which, and the folding's constant.
-  std::string what = "conv G=" + std::to_string(G) + (transposed ? " transposed" : "") + (bt ? " bias" : "");
+  std::string what = "conv G=" + std::to_string(G) + (transposed ? " transposed" : "") + (gemm ? " gemm" : "") +
+                     (bt ? " bias" : "");
   if (bn) {
     char eps[32];
     std::snprintf(eps, sizeof eps, "%.17g", bn->eps);
@@ -113,12 +126,14 @@ std::shared_ptr<PackedHolder> pack_conv(const Group& g, const md_t& packed_md, c
       W = W * scale.reshape({-1, 1, 1, 1});
       B = B * scale + shift;
     }
-    W = W.contiguous();
+    // (OC, IC, KH, KW) -> (IC, KH, KW, OC) for the GEMM.
+    W = gemm ? W.permute({1, 2, 3, 0}).contiguous() : W.contiguous();
     p->bias = B.contiguous();
     p->nonfinite = any_above(*scan, W, kNonFiniteAbove) || any_above(*scan, p->bias, kNonFiniteAbove);
-    dims wd = G == 1 ? dims{W.size(0), W.size(1), W.size(2), W.size(3)}
-                     : dims{G, W.size(0) / G, W.size(1), W.size(2), W.size(3)};
-    md_t user(wd, dt::f32, G == 1 ? tag::oihw : tag::goihw);
+    dims wd = gemm     ? dims{W.size(0), W.size(1) * W.size(2) * W.size(3)}
+              : G == 1 ? dims{W.size(0), W.size(1), W.size(2), W.size(3)}
+                       : dims{G, W.size(0) / G, W.size(1), W.size(2), W.size(3)};
+    md_t user(wd, dt::f32, gemm ? tag::ab : G == 1 ? tag::oihw : tag::goihw);
     p->weight = at::empty({static_cast<int64_t>(packed_md.get_size()) + 64}, at::kByte);
     reorder_now(user, W.data_ptr(), packed_md, p->weight.data_ptr());
     return std::shared_ptr<const Packed>(std::move(p));
@@ -144,7 +159,6 @@ bool Compiler::match_conv(Node* n, Group& g) {
     g.transposed = *transposed != 0.0;
     groups_index = 8;
   } else if (is_call(n, {"aten::conv_transpose2d.input"})) {
-    if (!deconv_enabled()) return false;
     g.transposed = true;
     groups_index = 6;
     dilation_index = 7;
@@ -181,15 +195,21 @@ bool Compiler::match_conv(Node* n, Group& g) {
   g.dilation = pair_of(*dl);
   g.groups = static_cast<int64_t>(*gr);
   if (g.stride.size() != 2 || g.padding.size() != 2 || g.dilation.size() != 2 || g.groups < 1) return false;
-  if (g.transposed && !deconv_enabled()) return false;
+  const TransposedPath path = g.transposed ? transposed_path() : TransposedPath::Aten;
+  if (g.transposed && path == TransposedPath::Aten) return false;
   if (g.transposed) {
     // Ungrouped only; the output padding only shows in the output size (the right padding).
     if (g.groups != 1 || xm.sizes[1] != wm.sizes[0] || om.sizes[1] != OC) return false;
     if (!arg(n, output_padding_index).is_constant() || !int_list(arg(n, output_padding_index).constant())) return false;
     const std::vector<int64_t> k{wm.sizes[2], wm.sizes[3]};
-    for (size_t d = 0; d < 2; ++d)  // oneDNN's right padding of the deconvolution must not be negative
-      if ((xm.sizes[d + 2] - 1) * g.stride[d] + (k[d] - 1) * g.dilation[d] + 1 - om.sizes[d + 2] - g.padding[d] < 0)
+    for (size_t d = 0; d < 2; ++d) {
+      if (g.stride[d] < 1 || g.dilation[d] < 1 || g.padding[d] < 0) return false;
+      // oneDNN's right padding of the deconvolution must not be negative
+      if (path == TransposedPath::Deconv &&
+          (xm.sizes[d + 2] - 1) * g.stride[d] + (k[d] - 1) * g.dilation[d] + 1 - om.sizes[d + 2] - g.padding[d] < 0)
         return false;
+    }
+    g.transposed_gemm = path == TransposedPath::Gemm;
   } else if (xm.sizes[1] != wm.sizes[1] * g.groups || wm.sizes[0] % g.groups != 0) {
     return false;
   }
@@ -304,6 +324,7 @@ bool Compiler::match_train_conv(Node* n, Group& g) {
 // ---- emission -----------------------------------------------------------------------------------
 
 bool Compiler::emit_conv(Group& g) {
+  if (g.transposed_gemm) return emit_tconv_gemm(g);
   const TensorMeta& xm = meta(g.src);
   const at::Tensor& w = *g.weight_attr;
   const int64_t N = xm.sizes[0], IC = xm.sizes[1], IH = xm.sizes[2], IW = xm.sizes[3];
@@ -420,6 +441,106 @@ bool Compiler::emit_conv(Group& g) {
     return true;
   }
   return false;
+}
+
+namespace {
+
+// For each output coordinate o in [0, O), the kernel taps k and input coordinates i (i * stride -
+// padding + k * dilation == o) that reach it, as pairs (k, i) in `taps`, those of o from
+// begin[o] to begin[o + 1].
+void transposed_taps(int64_t O, int64_t I, int64_t K, int64_t stride, int64_t padding, int64_t dilation,
+                     std::vector<int32_t>& taps, std::vector<int32_t>& begin) {
+  begin.assign(1, 0);
+  for (int64_t o = 0; o < O; ++o) {
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t t = o + padding - k * dilation;
+      if (t >= 0 && t % stride == 0 && t / stride < I) {
+        taps.push_back(static_cast<int32_t>(k));
+        taps.push_back(static_cast<int32_t>(t / stride));
+      }
+    }
+    begin.push_back(static_cast<int32_t>(taps.size() / 2));
+  }
+}
+
+}  // namespace
+
+// A transposed convolution as TConvStep: fuses the leading relus of the chain (the gather applies
+// them); the rest of the chain stays with ATen.
+bool Compiler::emit_tconv_gemm(Group& g) {
+  const TensorMeta& xm = meta(g.src);
+  const at::Tensor& w = *g.weight_attr;  // (IC, OC, KH, KW)
+  const int64_t N = xm.sizes[0], IC = xm.sizes[1], IH = xm.sizes[2], IW = xm.sizes[3];
+  const int64_t OC = w.size(1), KH = w.size(2), KW = w.size(3);
+  const std::vector<int64_t>& os = meta(g.base).sizes;
+  const int64_t OH = os[2], OW = os[3], M = N * IH * IW, taps_oc = KH * KW * OC;
+  if (M * taps_oc > (int64_t(1) << 31)) return false;  // the columns would take more than 8 GiB
+  size_t kept = 0;
+  while (kept < g.kept && !g.post[kept].is_add && g.post[kept].e.alg == dnnl::algorithm::eltwise_relu &&
+         g.post[kept].e.alpha == 0.f)
+    ++kept;
+  const md_t src_md({M, IC}, dt::f32, tag::ab), wei_any({IC, taps_oc}, dt::f32, tag::any),
+      dst_md({M, taps_oc}, dt::f32, tag::ab);
+  dnnl::matmul::primitive_desc pd;
+  try {
+    pd = compat::matmul_pd(cpu_engine(), src_md, wei_any, md_t(), dst_md, user_scratchpad_attr());
+  } catch (const dnnl::error&) {
+    return false;
+  }
+  if (is_ref_impl(pd.impl_info_str())) return false;
+  impls_.push_back(pd.impl_info_str());
+  g.kept = kept;
+  auto s = std::make_unique<TConvStep>();
+  std::vector<uint32_t> reads;
+  s->prim = dnnl::matmul(pd);
+  s->src = act_in(g.src, reads);
+  // The source channels-last: a blocked value in another layout, or a plain NCHW one with more
+  // than one pixel per channel, is reordered first.
+  const md_t nhwc({N, IC, IH, IW}, dt::f32, tag::nhwc);
+  const Loc* src_loc = blocked_loc(g.src);
+  if (src_loc ? !(src_loc->md == nhwc) : IH * IW != 1) {
+    s->src.reorder = make_reorder(src_loc ? src_loc->md : md_t({N, IC, IH, IW}, dt::f32, tag::nchw), nhwc);
+    s->src.reorder_buffer = add_buffer(nhwc.get_size());
+  }
+  s->packed = pack_conv(g, pd.weights_desc(), scan_, /*gemm=*/true);
+  s->m_src = add_mem(src_md);
+  s->m_wei = add_mem(pd.weights_desc());
+  s->m_dst = add_mem(dst_md);
+  add_scratchpad(pd.scratchpad_desc(), s->has_scratch, s->m_scratch);
+  s->cols = add_buffer(dst_md.get_size());
+  s->N = N;
+  s->shape.IH = IH;
+  s->shape.IW = IW;
+  s->shape.OC = OC;
+  s->shape.KH = KH;
+  s->shape.KW = KW;
+  s->shape.OH = OH;
+  s->shape.OW = OW;
+  s->shape.relu = kept > 0;
+  transposed_taps(OH, IH, KH, g.stride[0], g.padding[0], g.dilation[0], s->row_taps, s->row_begin);
+  transposed_taps(OW, IW, KW, g.stride[1], g.padding[1], g.dilation[1], s->col_taps, s->col_begin);
+  s->kernels = scan_;
+  const Value out = kept_output(g, kept);
+  g.out = out;
+  s->out.sizes = meta(out).sizes;
+  if (keep_blocked(out)) {  // read by other convolutions / poolings: channels-last
+    const md_t out_md({N, OC, OH, OW}, dt::f32, tag::nhwc);
+    s->out.blocked = true;
+    ++blocked_values_;
+    s->out.buffer = add_buffer(out_md.get_size());
+    Loc l;
+    l.kind = Loc::Blocked;
+    l.index = s->out.buffer;
+    l.md = out_md;
+    l.sizes = s->out.sizes;
+    locs_[out] = l;
+  } else {
+    s->shape.nchw = true;
+    s->out.slot = new_slot();
+    locs_[out] = slot_loc(s->out.slot);
+  }
+  push(std::move(s), std::move(reads));
+  return true;
 }
 
 bool Compiler::emit_train_conv(Group& g) {

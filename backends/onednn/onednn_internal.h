@@ -6,14 +6,15 @@
 //   onednn_match.cpp    the matching pass: Compiler::match, the post-op chains after an anchor
 //                       (extend_chain), the helpers reading node arguments, group labels.
 //   onednn_gemm.cpp     GEMM groups (linear, addmm, mm, matmul, bmm, baddbmm): match and emit.
-//   onednn_conv.cpp     convolution groups (conv2d, deconvolution, folded BatchNorm, Winograd,
-//                       training convolutions and their backward): match and emit.
+//   onednn_conv.cpp     convolution groups (conv2d, transposed convolutions, folded BatchNorm,
+//                       Winograd, training convolutions and their backward): match and emit.
 //   onednn_pool.cpp     pooling groups (max, average, global average): match and emit.
 //   onednn_rnn.cpp      LSTM / GRU groups: match, emit, and their step.
 //   onednn_build.cpp    Compiler::build: slots and blocked values, reorders, the ATen steps of
 //                       unmatched nodes, post-op lists, the fallback of a group (make_fallback).
 //   onednn_steps.cpp    what the steps do at run time (MatmulStep, ConvStep, PoolStep, ...).
-//   onednn_scan*.{h,cpp} the NaN / infinity scan, compiled once per ISA.
+//   onednn_scan*.{h,cpp} the NaN / infinity scan and the transposed convolution's gather,
+//                       compiled once per ISA.
 //   onednn_runtime.*    the Program, per-call memory sets, prepacked weights.
 //   onednn_backend.cpp  the entry points: compile, claim, the registered backend.
 //
@@ -163,7 +164,8 @@ struct Group {
   const at::Tensor* conv_bias_attr = nullptr;
   std::optional<FoldedBatchNorm> bn;
   bool winograd = false;    // oneDNN's Winograd algorithm (set when emitted)
-  bool transposed = false;  // a transposed convolution (oneDNN's deconvolution)
+  bool transposed = false;  // a transposed convolution (oneDNN's deconvolution, or TConvStep)
+  bool transposed_gemm = false;  // as a GEMM and a gather (TConvStep)
   // ---- Pool: max (else average) over `kernel`
   bool pool_max = false;
   bool ceil_mode = false;
@@ -329,6 +331,26 @@ struct ConvStep : Step {
   void run(Ctx& c) const override;
 };
 
+/// A transposed convolution as a GEMM and a gather (onednn_conv.cpp says where it is used): the
+/// channels-last source, read as (N*IH*IW, IC), times the prepacked (IC, KH*KW*OC) weights gives
+/// each input pixel's contribution to the output pixels it reaches (the `cols` buffer); the
+/// gather (Col2im, onednn_scan.h) sums each output pixel's contributions, adds the bias (a
+/// BatchNorm folded in) and applies a fused relu.
+struct TConvStep : Step {
+  dnnl::primitive prim;  // the matmul
+  ActIn src;             // channels-last
+  std::shared_ptr<PackedHolder> packed;
+  ActOut out;  // blocked: a channels-last buffer; else the plain NCHW tensor, written directly
+  uint32_t cols = 0;  // buffer
+  uint32_t m_src = 0, m_wei = 0, m_dst = 0, m_scratch = 0;
+  bool has_scratch = false;
+  int64_t N = 0;
+  Col2im shape;  // its tap pointers are set at each call, from the vectors below
+  std::vector<int32_t> row_taps, row_begin, col_taps, col_begin;
+  const ScanKernels* kernels = nullptr;
+  void run(Ctx& c) const override;
+};
+
 struct PoolStep : Step {
   dnnl::primitive prim;
   ActIn src;
@@ -425,6 +447,7 @@ class Compiler {
   bool emit_group(Group& g);
   bool emit_linear(Group& g, bool batched);
   bool emit_conv(Group& g);
+  bool emit_tconv_gemm(Group& g);
   bool emit_pool(Group& g);
   bool emit_train_conv(Group& g);
   bool emit_rnn(Group& g);

@@ -6,7 +6,10 @@
 
 #include <ATen/ATen.h>
 
+#include <ATen/Parallel.h>
 #include <c10/util/SmallVector.h>
+
+#include <algorithm>
 
 namespace torchcompile::backends::onednn::detail {
 
@@ -191,6 +194,40 @@ void ConvStep::run(Ctx& c) const {
     out.to_plain->run(c, dst, y.data_ptr());
     c.slots[out.slot] = std::move(y);
   }
+}
+
+void TConvStep::run(Ctx& c) const {
+  const auto& m = c.ms->mems;
+  at::Tensor tmp_src;
+  std::shared_ptr<const Packed> pk = packed->get();
+  void* x = src.get(c, tmp_src);
+  float* columns = static_cast<float*>(c.ms->buffer_ptrs[cols]);
+  ExecArgs args;
+  args.bind(DNNL_ARG_SRC, m[m_src], x);
+  args.bind(DNNL_ARG_WEIGHTS, m[m_wei], pk->weight.data_ptr());
+  args.bind(DNNL_ARG_DST, m[m_dst], columns);
+  if (has_scratch) {
+    args.bind(DNNL_ARG_SCRATCHPAD, m[m_scratch], c.ms->buffer_ptrs[0]);
+  }
+  execute(prim, c, args);
+  at::Tensor y;
+  float* dst;
+  if (out.blocked) {
+    dst = static_cast<float*>(c.ms->buffer_ptrs[out.buffer]);
+  } else {
+    y = at::empty(out.sizes, at::TensorOptions().dtype(at::kFloat));
+    dst = y.data_ptr<float>();
+  }
+  Col2im s = shape;
+  s.row_taps = row_taps.data();
+  s.row_begin = row_begin.data();
+  s.col_taps = col_taps.data();
+  s.col_begin = col_begin.data();
+  const float* bias = pk->bias.data_ptr<float>();
+  // Rows of about 16K output floats or more per thread; a small output stays on this thread.
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, s.OW * s.OC));
+  at::parallel_for(0, N * s.OH, grain, [&](int64_t r0, int64_t r1) { kernels->col2im(columns, bias, dst, s, r0, r1); });
+  if (!out.blocked) c.slots[out.slot] = std::move(y);
 }
 
 void PoolStep::run(Ctx& c) const {

@@ -743,12 +743,6 @@ TEST(OneDnnBackend, MaxPoolingShapesMatchEager) {
   }, r);
 }
 
-// Transposed convolutions are lowered by default with oneDNN 3 only; TORCHCOMPILE_ONEDNN_DECONV=1 forces it.
-struct DeconvOn {
-  DeconvOn() { setenv("TORCHCOMPILE_ONEDNN_DECONV", "1", 1); }
-  ~DeconvOn() { unsetenv("TORCHCOMPILE_ONEDNN_DECONV"); }
-};
-
 // Random average poolings (kernel, stride, padding, ceil_mode, count_include_pad) against eager;
 // the ceil_mode window past the padding with count_include_pad stays with ATen (its divisor
 // differs from oneDNN's), as does a divisor override.
@@ -814,68 +808,141 @@ void expect_deconvs_match_double(torch::nn::Sequential& net, const std::function
   }
 }
 
-TEST(OneDnnBackend, TransposedConvolutionsOfAGeneratorMatchEager) {
-  DeconvOn on;
-  torch::NoGradGuard no_grad;
-  torch::manual_seed(33);
-  auto up = [](int64_t in, int64_t out, int64_t stride, int64_t pad) {
-    return torch::nn::ConvTranspose2d(torch::nn::ConvTranspose2dOptions(in, out, 4).stride(stride).padding(pad).bias(false));
-  };
-  torch::nn::Sequential net(up(20, 32, 1, 0), torch::nn::BatchNorm2d(32), torch::nn::ReLU(), up(32, 16, 2, 1),
-                            torch::nn::BatchNorm2d(16), torch::nn::ReLU(), up(16, 3, 2, 1), torch::nn::Tanh());
-  for (auto& b : net->buffers())
-    if (b.is_floating_point()) b.uniform_(0.5, 1.5);  // running statistics worth folding
-  net->eval();
-  Recorder r;
-  expect_deconvs_match_double(net, [] { return torch::randn({4, 20, 1, 1}); }, r);
-  EXPECT_EQ(r.fused(), (std::vector<std::string>{"deconv+bn+relu", "deconv+bn+relu", "deconv+tanh"}));
-}
+// Transposed convolutions run as oneDNN deconvolutions (TORCHCOMPILE_ONEDNN_DECONV=1, oneDNN 3's
+// default) or as a GEMM and a gather (`gemm`, oneDNN 2's default); both are tested on every build.
+const char* const kTransposedPaths[] = {"1", "gemm"};
 
-TEST(OneDnnBackend, TransposedConvolutionShapesMatchEager) {
-  DeconvOn on;
+TEST(OneDnnBackend, TransposedConvolutionsOfAGeneratorMatchEager) {
   torch::NoGradGuard no_grad;
-  torch::manual_seed(34);
-  struct Case {
-    int64_t in, out, kernel, stride, padding, output_padding, dilation;
-    bool bias;
-    bool lowered;  // an output padding beyond the padding (oneDNN: a negative padding) stays with ATen
-  };
-  for (const Case& c : {Case{8, 16, 3, 2, 1, 1, 1, true, true}, Case{16, 8, 5, 1, 2, 0, 1, false, true},
-                        Case{4, 6, 3, 3, 0, 2, 1, true, false}, Case{8, 8, 3, 1, 2, 0, 2, true, true}}) {
-    SCOPED_TRACE("in " + std::to_string(c.in) + " out " + std::to_string(c.out) + " k " + std::to_string(c.kernel) +
-                 " stride " + std::to_string(c.stride) + " pad " + std::to_string(c.padding) + " outpad " +
-                 std::to_string(c.output_padding) + " dil " + std::to_string(c.dilation));
-    torch::nn::Sequential net(torch::nn::ConvTranspose2d(torch::nn::ConvTranspose2dOptions(c.in, c.out, c.kernel)
-                                                             .stride(c.stride)
-                                                             .padding(c.padding)
-                                                             .output_padding(c.output_padding)
-                                                             .dilation(c.dilation)
-                                                             .bias(c.bias)),
-                              torch::nn::ReLU());
+  for (const char* path : kTransposedPaths) {
+    SCOPED_TRACE(std::string("TORCHCOMPILE_ONEDNN_DECONV=") + path);
+    tc_test::ScopedEnv env("TORCHCOMPILE_ONEDNN_DECONV", path);
+    const bool gemm = std::string(path) == "gemm";
+    torch::manual_seed(33);
+    auto up = [](int64_t in, int64_t out, int64_t stride, int64_t pad) {
+      return torch::nn::ConvTranspose2d(
+          torch::nn::ConvTranspose2dOptions(in, out, 4).stride(stride).padding(pad).bias(false));
+    };
+    torch::nn::Sequential net(up(20, 32, 1, 0), torch::nn::BatchNorm2d(32), torch::nn::ReLU(), up(32, 16, 2, 1),
+                              torch::nn::BatchNorm2d(16), torch::nn::ReLU(), up(16, 3, 2, 1), torch::nn::Tanh());
+    for (auto& b : net->buffers())
+      if (b.is_floating_point()) b.uniform_(0.5, 1.5);  // running statistics worth folding
     net->eval();
     Recorder r;
-    expect_deconvs_match_double(net, [&] { return torch::randn({2, c.in, 7, 6}); }, r);
-    if (c.lowered) {
-      EXPECT_EQ(r.fused(), (std::vector<std::string>{c.bias ? "deconv+bias+relu" : "deconv+relu"}))
-          << (r.entries->empty() ? "" : r.entries->at(0).reason);
-    } else {
-      EXPECT_TRUE(r.fused().empty());
-    }
+    expect_deconvs_match_double(net, [] { return torch::randn({4, 20, 1, 1}); }, r);
+    // The gather fuses relu only: the tanh runs in ATen after it.
+    EXPECT_EQ(r.fused(), (std::vector<std::string>{"deconv+bn+relu", "deconv+bn+relu", gemm ? "deconv" : "deconv+tanh"}));
+    // Intermediates stay channels-last (gemm) or blocked (oneDNN) between the layers.
+    EXPECT_GE(r.entries->at(0).blocked_values, 2u);
   }
-  // Turned off, and grouped, transposed convolutions stay with ATen (and still match).
+}
+
+// Random transposed convolutions (channels, kernel, stride, padding, output padding, dilation,
+// bias, a relu after them, input sizes down to 1x1, batches of 1-3) against eager in double
+// precision, on both paths; a NaN in the input stays a NaN through the relu as in ATen. The gemm
+// path takes every one; oneDNN's deconvolution declines an output padding beyond the padding
+// (its right padding would be negative), which then runs in ATen.
+TEST(OneDnnBackend, RandomTransposedConvolutionsMatchEager) {
+  torch::NoGradGuard no_grad;
+  std::mt19937 rng(34);
+  auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  for (const char* path : kTransposedPaths) {
+    tc_test::ScopedEnv env("TORCHCOMPILE_ONEDNN_DECONV", path);
+    const bool gemm = std::string(path) == "gemm";
+    int lowered = 0, declined = 0;
+    for (int trial = 0; trial < 30; ++trial) {
+      torch::manual_seed(trial);
+      const int64_t in = pick(1, 20), out = pick(1, 20), kernel = pick(1, 5), stride = pick(1, 3),
+                    dilation = pick(1, 2), padding = pick(0, (kernel - 1) * dilation / 2);
+      const int64_t output_padding = pick(0, std::max(stride, dilation) - 1);
+      const bool bias = pick(0, 1), relu = pick(0, 1), nan = trial % 7 == 3;
+      const std::vector<int64_t> input{pick(1, 3), in, pick(1, 9), pick(1, 9)};
+      SCOPED_TRACE(std::string("path ") + path + ", trial " + std::to_string(trial) + ": " + std::to_string(in) +
+                   " -> " + std::to_string(out) + " k " + std::to_string(kernel) + " stride " + std::to_string(stride) +
+                   " pad " + std::to_string(padding) + " outpad " + std::to_string(output_padding) + " dil " +
+                   std::to_string(dilation) + (bias ? " bias" : "") + (relu ? " relu" : "") + " input " +
+                   ::testing::PrintToString(input));
+      torch::nn::Sequential net(torch::nn::ConvTranspose2d(torch::nn::ConvTranspose2dOptions(in, out, kernel)
+                                                               .stride(stride)
+                                                               .padding(padding)
+                                                               .output_padding(output_padding)
+                                                               .dilation(dilation)
+                                                               .bias(bias)));
+      if (relu) net->push_back(torch::nn::ReLU());
+      net->eval();
+      Recorder r;
+      expect_deconvs_match_double(net, [&] {
+        torch::Tensor x = torch::randn(input);
+        if (nan) x.view(-1)[x.numel() / 2] = std::numeric_limits<float>::quiet_NaN();
+        return x;
+      }, r);
+      const bool negative_right_pad =
+          (input[2] - 1) * stride + (kernel - 1) * dilation + 1 - ((input[2] - 1) * stride - 2 * padding +
+                                                                   dilation * (kernel - 1) + output_padding + 1) -
+                  padding < 0 ||
+          output_padding > padding;
+      if (gemm || !negative_right_pad) {
+        EXPECT_EQ(r.fused(), (std::vector<std::string>{std::string("deconv") + (bias ? "+bias" : "") + (relu ? "+relu" : "")}))
+            << (r.entries->empty() ? "" : r.entries->at(0).reason);
+        ++lowered;
+      } else {
+        EXPECT_TRUE(r.fused().empty());
+        ++declined;
+      }
+    }
+    EXPECT_GT(lowered, 15);
+    if (!gemm) EXPECT_GT(declined, 0);
+  }
+}
+
+// A transposed convolution's channels-last result read by a convolution and a max pooling, and a
+// convolution's blocked result read by a transposed convolution (reordered to channels-last).
+TEST(OneDnnBackend, TransposedConvolutionsBetweenConvolutionsMatchEager) {
+  torch::NoGradGuard no_grad;
+  for (const char* path : kTransposedPaths) {
+    SCOPED_TRACE(std::string("TORCHCOMPILE_ONEDNN_DECONV=") + path);
+    tc_test::ScopedEnv env("TORCHCOMPILE_ONEDNN_DECONV", path);
+    torch::manual_seed(36);
+    torch::nn::Sequential net(
+        torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 16, 3).padding(1)), torch::nn::ReLU(),
+        torch::nn::ConvTranspose2d(torch::nn::ConvTranspose2dOptions(16, 8, 4).stride(2).padding(1)), torch::nn::ReLU(),
+        torch::nn::Conv2d(torch::nn::Conv2dOptions(8, 16, 3).padding(1)),
+        torch::nn::ConvTranspose2d(torch::nn::ConvTranspose2dOptions(16, 4, 3).stride(2)), torch::nn::ReLU(),
+        torch::nn::MaxPool2d(2));
+    net->eval();
+    Recorder r;
+    expect_deconvs_match_double(net, [] { return torch::randn({2, 3, 10, 10}); }, r);
+    EXPECT_EQ(r.fused(), (std::vector<std::string>{"conv+bias+relu", "deconv+bias+relu", "conv+bias",
+                                                   "deconv+bias+relu", "maxpool"}));
+    EXPECT_GE(r.entries->at(0).blocked_values, 4u);
+  }
+}
+
+// Turned off (TORCHCOMPILE_ONEDNN_DECONV=0), and grouped, transposed convolutions stay with ATen
+// (and still match).
+TEST(OneDnnBackend, TransposedConvolutionsOffOrGroupedStayWithAten) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(37);
   {
-    setenv("TORCHCOMPILE_ONEDNN_DECONV", "0", 1);
+    tc_test::ScopedEnv env("TORCHCOMPILE_ONEDNN_DECONV", "0");
     torch::nn::Sequential net(torch::nn::ConvTranspose2d(torch::nn::ConvTranspose2dOptions(4, 4, 3).stride(2)));
     Recorder off;
     expect_matches_eager(net, [] { return torch::randn({2, 4, 5, 5}); }, off);
     EXPECT_TRUE(off.fused().empty());
-    setenv("TORCHCOMPILE_ONEDNN_DECONV", "1", 1);
   }
-  torch::nn::Sequential grouped(
-      torch::nn::ConvTranspose2d(torch::nn::ConvTranspose2dOptions(8, 8, 3).stride(2).groups(2)));
-  Recorder r;
-  expect_matches_eager(grouped, [] { return torch::randn({2, 8, 5, 5}); }, r);
-  EXPECT_TRUE(r.fused().empty());
+  for (const char* path : kTransposedPaths) {
+    tc_test::ScopedEnv env("TORCHCOMPILE_ONEDNN_DECONV", path);
+    torch::nn::Sequential grouped(
+        torch::nn::ConvTranspose2d(torch::nn::ConvTranspose2dOptions(8, 8, 3).stride(2).groups(2)));
+    Recorder r;
+    expect_matches_eager(grouped, [] { return torch::randn({2, 8, 5, 5}); }, r);
+    EXPECT_TRUE(r.fused().empty());
+  }
+  // An unknown setting is an error (the call runs eagerly with a warning, as for any backend error).
+  tc_test::ScopedEnv env("TORCHCOMPILE_ONEDNN_DECONV", "fast");
+  torch::nn::Sequential net(torch::nn::ConvTranspose2d(torch::nn::ConvTranspose2dOptions(4, 4, 3).stride(2)));
+  auto e = torchcompile::explain("onednn", net, torch::randn({2, 4, 5, 5}));
+  EXPECT_NE(e.str().find("TORCHCOMPILE_ONEDNN_DECONV: expected 0, 1 or gemm, got 'fast'"), std::string::npos) << e;
 }
 
 // GEMMs whose second operand is not a module attribute (it cannot be prepacked) go to oneDNN only
