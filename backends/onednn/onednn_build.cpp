@@ -87,9 +87,12 @@ uint32_t Compiler::plain(const Value& v) {
 bool Compiler::keep_blocked(const Value& v) const {
   const auto& uses = v.node->uses(v.index);
   if (uses.empty()) return false;
+  // A chain node of the group that makes `v`, left out of it when the chain was trimmed, runs in ATen.
+  auto own = group_of_.find(v.node);
+  const Group* maker = own == group_of_.end() ? nullptr : own->second;
   for (const auto& u : uses) {
     auto it = group_of_.find(u.user);
-    if (it == group_of_.end()) return false;
+    if (it == group_of_.end() || it->second == maker) return false;
     if (it->second->kind != GroupKind::Conv && it->second->kind != GroupKind::Pool) return false;
   }
   return true;
