@@ -445,9 +445,8 @@ bool Compiler::emit_conv(Group& g) {
 
 namespace {
 
-// For each output coordinate o in [0, O), the kernel taps k and input coordinates i (i * stride -
-// padding + k * dilation == o) that reach it, as pairs (k, i) in `taps`, those of o from
-// begin[o] to begin[o + 1].
+// For each output row o in [0, O), the kernel rows k and input rows i (i * stride - padding + k *
+// dilation == o) that reach it, as pairs (k, i) in `taps`, those of o from begin[o] to begin[o + 1].
 void transposed_taps(int64_t O, int64_t I, int64_t K, int64_t stride, int64_t padding, int64_t dilation,
                      std::vector<int32_t>& taps, std::vector<int32_t>& begin) {
   begin.assign(1, 0);
@@ -517,8 +516,10 @@ bool Compiler::emit_tconv_gemm(Group& g) {
   s->shape.OH = OH;
   s->shape.OW = OW;
   s->shape.relu = kept > 0;
+  s->shape.SW = g.stride[1];
+  s->shape.PW = g.padding[1];
+  s->shape.DW = g.dilation[1];
   transposed_taps(OH, IH, KH, g.stride[0], g.padding[0], g.dilation[0], s->row_taps, s->row_begin);
-  transposed_taps(OW, IW, KW, g.stride[1], g.padding[1], g.dilation[1], s->col_taps, s->col_begin);
   s->kernels = scan_;
   const Value out = kept_output(g, kept);
   g.out = out;

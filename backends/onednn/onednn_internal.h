@@ -346,7 +346,7 @@ struct TConvStep : Step {
   bool has_scratch = false;
   int64_t N = 0;
   Col2im shape;  // its tap pointers are set at each call, from the vectors below
-  std::vector<int32_t> row_taps, row_begin, col_taps, col_begin;
+  std::vector<int32_t> row_taps, row_begin;
   const ScanKernels* kernels = nullptr;
   void run(Ctx& c) const override;
 };

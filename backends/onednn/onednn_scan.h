@@ -20,14 +20,15 @@ constexpr int32_t kNonFiniteAbove = 0x7f7fffff;
 /// A transposed convolution's gather (TConvStep). `cols` holds, for each input pixel (n, iy, ix)
 /// in that order, its contribution to each of the KH x KW output pixels it reaches, OC floats per
 /// kernel tap (ky, kx): the (N*IH*IW, IC) channels-last source times the (IC, KH*KW*OC) weights.
-/// Output pixel (n, oy, ox) is the bias plus the contributions of its taps, in the order ky, kx:
-/// the pairs (ky, iy) of output row oy are row_taps[2 * j], row_taps[2 * j + 1] for j from
-/// row_begin[oy] to row_begin[oy + 1] (col_taps / col_begin likewise for columns).
+/// Output pixel (n, oy, ox) is the bias plus the contributions that reach it: from the pairs
+/// (ky, iy) of output row oy, row_taps[2 * j] and row_taps[2 * j + 1] for j from row_begin[oy] to
+/// row_begin[oy + 1] (in that order), and the columns ix, kx with ix * SW - PW + kx * DW == ox.
 struct Col2im {
   int64_t IH = 0, IW = 0, OC = 0, KH = 0, KW = 0, OH = 0, OW = 0;
-  const int32_t *row_taps = nullptr, *row_begin = nullptr, *col_taps = nullptr, *col_begin = nullptr;
+  int64_t SW = 1, PW = 0, DW = 1;  // the columns' stride, padding and dilation
+  const int32_t *row_taps = nullptr, *row_begin = nullptr;
   bool relu = false;  // then max(x, 0), a NaN kept as ATen's relu keeps it
-  bool nchw = false;  // the output in NCHW layout; else channels-last (NHWC)
+  bool nchw = false;  // the output in NCHW layout (through `scratch`); else channels-last (NHWC)
 };
 
 /// The loops compiled for one ISA.
@@ -35,8 +36,10 @@ struct ScanKernels {
   const char* name;  // "avx512", "avx2" or "scalar (sse2)" (the fused backend's names)
   /// Whether one of the `n` floats at `p` has a magnitude whose bits exceed `limit`.
   bool (*magnitude_above)(const void* p, size_t n, int32_t limit);
-  /// Output rows [r0, r1) (row r = n * OH + oy) of the transposed convolution `s` into `out`.
-  void (*col2im)(const float* cols, const float* bias, float* out, const Col2im& s, int64_t r0, int64_t r1);
+  /// Output rows [r0, r1) (row r = n * OH + oy) of the transposed convolution `s` into `out`;
+  /// `scratch` holds OW x OC floats (used for an NCHW output).
+  void (*col2im)(const float* cols, const float* bias, float* out, float* scratch, const Col2im& s, int64_t r0,
+                 int64_t r1);
 };
 
 const ScanKernels& scan_kernels_avx512();

@@ -25,49 +25,46 @@ bool magnitude_above(const void* p, size_t n, int32_t limit) {
   return found != 0;
 }
 
-// Adds the `len` floats at `src` to `acc` (a fixed `len` when it is kVec: vectorized).
-constexpr int64_t kVec = 16;
 inline void add_to(float* __restrict acc, const float* __restrict src, int64_t len) {
   for (int64_t q = 0; q < len; ++q) acc[q] += src[q];
 }
 
-// Channels [c0, c0 + len) of output pixel (n, oy, ox) into `acc`: the bias, then each tap's
-// contribution, then the relu.
-inline void gather_pixel(const float* cols, const float* bias, const Col2im& s, int64_t n, int64_t oy, int64_t ox,
-                         int64_t c0, int64_t len, float* __restrict acc) {
-  const int64_t taps_oc = s.KH * s.KW * s.OC;
-  for (int64_t q = 0; q < len; ++q) acc[q] = bias[c0 + q];
-  for (int32_t j = s.row_begin[oy]; j < s.row_begin[oy + 1]; ++j) {
-    const int64_t ky = s.row_taps[2 * j], iy = s.row_taps[2 * j + 1];
-    const float* row = cols + (n * s.IH + iy) * s.IW * taps_oc + ky * s.KW * s.OC + c0;
-    for (int32_t i = s.col_begin[ox]; i < s.col_begin[ox + 1]; ++i) {
-      const float* src = row + s.col_taps[2 * i + 1] * taps_oc + s.col_taps[2 * i] * s.OC;
-      if (len == kVec) {
-        add_to(acc, src, kVec);
-      } else {
-        add_to(acc, src, len);
-      }
-    }
-  }
-  if (s.relu)
-    for (int64_t q = 0; q < len; ++q) acc[q] = acc[q] < 0.f ? 0.f : acc[q];
-}
-
-void col2im(const float* cols, const float* bias, float* out, const Col2im& s, int64_t r0, int64_t r1) {
-  alignas(64) float acc[kVec];
+// Row by row: the row's accumulator (OW x OC floats, channels last: the output itself when it is
+// channels-last, else `scratch`) starts as the bias; each row tap (ky, iy) adds, for each input
+// column ix, that pixel's KW x OC block of contributions to output columns ox = ix * sx - px +
+// kx * dx (one run of floats when dx is 1: kx then channel, as the columns hold them), clipped to
+// the row; then the relu, and an NCHW output is written from the accumulator.
+void col2im(const float* cols, const float* bias, float* out, float* scratch, const Col2im& s, int64_t r0,
+            int64_t r1) {
+  const int64_t OC = s.OC, KW = s.KW, OW = s.OW, taps_oc = s.KH * KW * OC;
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t n = r / s.OH, oy = r % s.OH;
-    for (int64_t ox = 0; ox < s.OW; ++ox) {
-      for (int64_t c0 = 0; c0 < s.OC; c0 += kVec) {
-        const int64_t len = s.OC - c0 < kVec ? s.OC - c0 : kVec;
-        gather_pixel(cols, bias, s, n, oy, ox, c0, len, acc);
-        if (s.nchw) {
-          float* dst = out + ((n * s.OC + c0) * s.OH + oy) * s.OW + ox;
-          for (int64_t q = 0; q < len; ++q) dst[q * s.OH * s.OW] = acc[q];
+    float* __restrict acc = s.nchw ? scratch : out + r * OW * OC;
+    for (int64_t ox = 0; ox < OW; ++ox)
+      for (int64_t q = 0; q < OC; ++q) acc[ox * OC + q] = bias[q];
+    for (int32_t j = s.row_begin[oy]; j < s.row_begin[oy + 1]; ++j) {
+      const int64_t ky = s.row_taps[2 * j], iy = s.row_taps[2 * j + 1];
+      const float* src_row = cols + (n * s.IH + iy) * s.IW * taps_oc + ky * KW * OC;
+      for (int64_t ix = 0; ix < s.IW; ++ix) {
+        const float* src = src_row + ix * taps_oc;
+        const int64_t ox0 = ix * s.SW - s.PW;
+        if (s.DW == 1) {
+          const int64_t lo = ox0 < 0 ? -ox0 : 0, hi = OW - ox0 < KW ? OW - ox0 : KW;
+          if (lo < hi) add_to(acc + (ox0 + lo) * OC, src + lo * OC, (hi - lo) * OC);
         } else {
-          float* dst = out + (r * s.OW + ox) * s.OC + c0;
-          for (int64_t q = 0; q < len; ++q) dst[q] = acc[q];
+          for (int64_t kx = 0; kx < KW; ++kx) {
+            const int64_t ox = ox0 + kx * s.DW;
+            if (ox >= 0 && ox < OW) add_to(acc + ox * OC, src + kx * OC, OC);
+          }
         }
+      }
+    }
+    if (s.relu)
+      for (int64_t i = 0; i < OW * OC; ++i) acc[i] = acc[i] < 0.f ? 0.f : acc[i];
+    if (s.nchw) {
+      for (int64_t q = 0; q < OC; ++q) {
+        float* __restrict dst = out + ((n * OC + q) * s.OH + oy) * OW;
+        for (int64_t ox = 0; ox < OW; ++ox) dst[ox] = acc[ox * OC + q];
       }
     }
   }

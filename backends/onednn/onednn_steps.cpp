@@ -10,6 +10,7 @@
 #include <c10/util/SmallVector.h>
 
 #include <algorithm>
+#include <memory>
 
 namespace torchcompile::backends::onednn::detail {
 
@@ -221,12 +222,13 @@ void TConvStep::run(Ctx& c) const {
   Col2im s = shape;
   s.row_taps = row_taps.data();
   s.row_begin = row_begin.data();
-  s.col_taps = col_taps.data();
-  s.col_begin = col_begin.data();
   const float* bias = pk->bias.data_ptr<float>();
   // Rows of about 16K output floats or more per thread; a small output stays on this thread.
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, s.OW * s.OC));
-  at::parallel_for(0, N * s.OH, grain, [&](int64_t r0, int64_t r1) { kernels->col2im(columns, bias, dst, s, r0, r1); });
+  at::parallel_for(0, N * s.OH, grain, [&](int64_t r0, int64_t r1) {
+    std::unique_ptr<float[]> scratch(s.nchw ? new float[s.OW * s.OC] : nullptr);
+    kernels->col2im(columns, bias, dst, scratch.get(), s, r0, r1);
+  });
   if (!out.blocked) c.slots[out.slot] = std::move(y);
 }
 
