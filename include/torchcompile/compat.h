@@ -12,6 +12,9 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <sstream>
+#include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 
@@ -134,5 +137,20 @@ class CountingAllocator : public c10::Allocator {
   mutable std::atomic<int64_t> live_{0};
   mutable std::atomic<int64_t> peak_{0};
 };
+
+/// The key of a parameter's entry in torch::optim::Optimizer::state() (`StateMap` is that
+/// map's type): LibTorch 1.13 keys it by the address of the parameter's TensorImpl printed as a
+/// string (c10::guts::to_string, an ostringstream), 2.x by the address itself.
+template <class StateMap>
+typename StateMap::key_type optimizer_state_key(const void* impl) {
+  using Key = typename StateMap::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream s;
+    s << impl;
+    return s.str();
+  } else {
+    return const_cast<void*>(impl);
+  }
+}
 
 }  // namespace torchcompile::compat

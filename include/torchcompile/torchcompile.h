@@ -26,6 +26,7 @@
 #include <torchcompile/backends/registry.h>        // register_backend, lookup_backend, plugins
 #include <torchcompile/compile/chain.h>            // fallback_chain
 #include <torchcompile/compile/compile_report.h>   // CompileReport
+#include <torchcompile/compile/optimizer.h>        // compile_optimizer: a fused optimizer step
 #include <torchcompile/compile/partitioner.h>      // partitioned_backend, partition_backend
 #include <torchcompile/frontend/compiled.h>        // torch::compile, Compiled, torchcompile::call
 #include <torchcompile/frontend/explain.h>         // explain
