@@ -15,6 +15,12 @@
 //   M5-train  training step of M5: forward, sum() as the loss, backward
 //   M3-train  training step of M3 in training mode (BatchNorm with batch statistics, updating its
 //             running statistics): forward, sum() as the loss, backward
+//   M6-SGD, M6-AdamW, M5-SGD, M5-AdamW
+//             M6's and M5-train's steps followed by an optimizer step (SGD with momentum 0.9,
+//             AdamW with weight decay 0.01): LibTorch's opt.step() under eager, a compiled
+//             optimizer (torchcompile::compile_optimizer, one per mode) under the compiled modes.
+//             The learning rate is 0, so every call computes the same loss and gradients; the
+//             optimizers still do all their arithmetic (they do not test for a zero rate).
 //   M4-train  training step of M4 in training mode (dropout 0): forward, the mean of the squared
 //             outputs as the loss, backward (not sum(): the layer ends in a LayerNorm whose
 //             outputs sum to zero per row, so that loss and every gradient but the final norm's
@@ -321,6 +327,41 @@ Instance module_instance(std::shared_ptr<M> m, bool training, In... inputs) {
   return inst;
 }
 
+using MakeOptimizer = std::function<std::shared_ptr<torch::optim::Optimizer>(const std::vector<torch::Tensor>&)>;
+
+/// A training row of `m` called with `inputs` whose step ends with an optimizer step:
+/// `make_optimizer`'s opt.step() under eager, a compiled optimizer of a fresh one per compiled mode.
+template <typename M, typename... In>
+Instance optimizer_instance(std::shared_ptr<M> m, MakeOptimizer make_optimizer, In... inputs) {
+  Instance inst = module_instance(m, true, inputs...);
+  auto opt = make_optimizer(inst.params);
+  inst.eager.call = [step = inst.eager.call, opt]() {
+    torch::Tensor loss = step();
+    opt->step();
+    return loss;
+  };
+  inst.compile = [compile = inst.compile, make_optimizer, params = inst.params](
+                     const std::string& backend, bool dynamic, torchcompile::Precision precision) {
+    Runner r = compile(backend, dynamic, precision);
+    auto o = make_optimizer(params);
+    auto compiled = std::make_shared<torchcompile::CompiledOptimizer>(*o);
+    r.call = [step = r.call, o, compiled]() {
+      torch::Tensor loss = step();
+      compiled->step();
+      return loss;
+    };
+    return r;
+  };
+  return inst;
+}
+
+std::shared_ptr<torch::optim::Optimizer> sgd_momentum(const std::vector<torch::Tensor>& params) {
+  return std::make_shared<torch::optim::SGD>(params, torch::optim::SGDOptions(0.0).momentum(0.9));
+}
+std::shared_ptr<torch::optim::Optimizer> adamw(const std::vector<torch::Tensor>& params) {
+  return std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(0.0).weight_decay(0.01));
+}
+
 /// An inference row whose model is the function `fn` called with `inputs`.
 template <typename F, typename... In>
 Instance function_instance(F fn, In... inputs) {
@@ -401,6 +442,30 @@ const std::vector<Row>& rows() {
        [] {
          auto m = std::make_shared<LossStep<M5Impl>>(std::make_shared<M5Impl>(), sum_loss);
          return module_instance(m, true, torch::randn({32, 128, 512}));
+       }},
+      {"M6-SGD", "M6 + SGD momentum step (64,784)", true,
+       [] {
+         auto m = std::make_shared<CrossEntropyStep<MlpImpl>>(std::make_shared<MlpImpl>());
+         auto x = torch::randn({64, 784});
+         auto target = torch::randint(0, 10, {64}, torch::kLong);
+         return optimizer_instance(m, &sgd_momentum, x, target);
+       }},
+      {"M6-AdamW", "M6 + AdamW step (64,784)", true,
+       [] {
+         auto m = std::make_shared<CrossEntropyStep<MlpImpl>>(std::make_shared<MlpImpl>());
+         auto x = torch::randn({64, 784});
+         auto target = torch::randint(0, 10, {64}, torch::kLong);
+         return optimizer_instance(m, &adamw, x, target);
+       }},
+      {"M5-SGD", "M5-train + SGD momentum step (32,128,512)", true,
+       [] {
+         auto m = std::make_shared<LossStep<M5Impl>>(std::make_shared<M5Impl>(), sum_loss);
+         return optimizer_instance(m, &sgd_momentum, torch::randn({32, 128, 512}));
+       }},
+      {"M5-AdamW", "M5-train + AdamW step (32,128,512)", true,
+       [] {
+         auto m = std::make_shared<LossStep<M5Impl>>(std::make_shared<M5Impl>(), sum_loss);
+         return optimizer_instance(m, &adamw, torch::randn({32, 128, 512}));
        }},
       {"M3-train", "M3 train step, sum (16,3,64,64)", true,
        [] {
