@@ -20,6 +20,12 @@
 #include <type_traits>
 #include <unordered_map>
 
+// at::parallel_for is an `omp parallel` region inline in LibTorch's headers: without OpenMP this
+// file's parallel loops would silently run on one thread (CMakeLists.txt adds the flag).
+#ifndef _OPENMP
+#error "compile this file with OpenMP (at::parallel_for)"
+#endif
+
 namespace torchcompile::fused {
 
 using ir::Node;
