@@ -86,6 +86,8 @@
 
 #include <benchmark/benchmark.h>
 #include <c10/core/CPUAllocator.h>
+#include "gemm_ceiling.h"
+
 #include <torch/script.h>
 #include <torch/torch.h>
 #include <torch/version.h>
@@ -1321,6 +1323,7 @@ int main(int argc, char** argv) {
     }
   }
   benchmark::RegisterBenchmark(kM2Floor, run_m2_floor)->UseManualTime()->Unit(benchmark::kMillisecond);
+  bench_gemm::register_benchmarks();
   Collector collector;
   benchmark::RunSpecifiedBenchmarks(&collector);
   benchmark::Shutdown();
@@ -1344,7 +1347,11 @@ int main(int argc, char** argv) {
     measure_new_sizes(res);
   }
   measure_memory(res);
-  const std::string text = report(res);
+  std::string text = report(res);
+  text += bench_gemm::table([&](const std::string& name) {
+    size_t reps = 0;
+    return collector.median_of(name, &reps);
+  });
   std::printf("\n%s", text.c_str());
   bool ok = true;
   if (!results_md.empty()) ok &= write_file(results_md, text);
