@@ -1,7 +1,8 @@
 # Configure, build and run test_runtime (graph breaks, fuzzing, parity, signatures), test_aot, test_dynamic,
 # test_repro, the onednn backend's tests (test_onednn, backends/onednn/tests/), test_frontend (TorchScript
 # modules), test_capture's fast-path operator test, test_package (packages saved and loaded, and
-# the loader fuzzed with 10,000 mutated packages) and test_precision (the int8 / bfloat16 kernels) with AddressSanitizer and UndefinedBehaviorSanitizer. Any UB report aborts the run, and the
+# the loader fuzzed with 10,000 mutated packages), test_precision (the int8 / bfloat16 kernels) and
+# test_optimizer (the compiled optimizer step's loops) with AddressSanitizer and UndefinedBehaviorSanitizer. Any UB report aborts the run, and the
 # vptr check is off (see TORCHCOMPILE_SANITIZE in the top-level CMakeLists.txt).
 #
 # LibTorch itself is not instrumented: its allocations are still checked through ASan's malloc
@@ -25,7 +26,7 @@ execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${BINARY_DIR} -G ${
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "asan: configure failed")
 endif()
-execute_process(COMMAND ${CMAKE_COMMAND} --build ${BINARY_DIR} --target test_runtime test_aot test_dynamic test_repro test_onednn test_frontend test_capture test_package package_loader test_precision RESULT_VARIABLE rc)
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${BINARY_DIR} --target test_runtime test_aot test_dynamic test_repro test_onednn test_frontend test_capture test_package package_loader test_precision test_optimizer RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "asan: build failed")
 endif()
@@ -73,4 +74,8 @@ endif()
 execute_process(COMMAND ${BINARY_DIR}/test/test_precision RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "asan: test_precision failed under AddressSanitizer/UBSan (exit ${rc})")
+endif()
+execute_process(COMMAND ${BINARY_DIR}/test/test_optimizer RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "asan: test_optimizer failed under AddressSanitizer/UBSan (exit ${rc})")
 endif()
