@@ -11,8 +11,6 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #endif
 
-#include <immintrin.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -54,33 +52,28 @@ const char* const kPeak = "FMA-peak";
 constexpr int64_t kPeakIters = 1 << 22;  // per thread
 constexpr int kAcc = 12;                 // independent accumulators (hides the FMA latency)
 
-__attribute__((target("avx512f,fma"))) void fma_loop_avx512(float* out) {
-  __m512 acc[kAcc];
-  for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_set1_ps(1.0f + i * 1e-3f);
-  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+// kAcc chains of fused multiply-adds on vectors of `V` (GCC vector extensions; the caller's ISA
+// makes them zmm or ymm registers and the product-sum one FMA instruction), summed into `out`.
+template <class V>
+__attribute__((always_inline)) inline void fma_loop(float* out) {
+  constexpr int lanes = sizeof(V) / sizeof(float);
+  V acc[kAcc];
+  for (int i = 0; i < kAcc; ++i) acc[i] = V{} + (1.0f + i * 1e-3f);
+  const V a = V{} + 0.999999f, b = V{} + 1e-7f;
   for (int64_t it = 0; it < kPeakIters; ++it) {
 #pragma GCC unroll 16
-    for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);  // kept in registers
+    for (int i = 0; i < kAcc; ++i) acc[i] = acc[i] * a + b;  // kept in registers
   }
-  __m512 s = acc[0];
-  for (int i = 1; i < kAcc; ++i) s = _mm512_add_ps(s, acc[i]);
-  *out = _mm512_reduce_add_ps(s);
+  float s = 0;
+  for (int i = 0; i < kAcc; ++i)
+    for (int l = 0; l < lanes; ++l) s += acc[i][l];
+  *out = s;
 }
 
-__attribute__((target("avx2,fma"))) void fma_loop_avx2(float* out) {
-  __m256 acc[kAcc];
-  for (int i = 0; i < kAcc; ++i) acc[i] = _mm256_set1_ps(1.0f + i * 1e-3f);
-  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
-  for (int64_t it = 0; it < kPeakIters; ++it) {
-#pragma GCC unroll 16
-    for (int i = 0; i < kAcc; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);  // kept in registers
-  }
-  __m256 s = acc[0];
-  for (int i = 1; i < kAcc; ++i) s = _mm256_add_ps(s, acc[i]);
-  float v[8];
-  _mm256_storeu_ps(v, s);
-  *out = v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
-}
+typedef float V16 __attribute__((vector_size(64)));
+typedef float V8 __attribute__((vector_size(32)));
+__attribute__((target("avx512f,fma"))) void fma_loop_avx512(float* out) { fma_loop<V16>(out); }
+__attribute__((target("avx2,fma"))) void fma_loop_avx2(float* out) { fma_loop<V8>(out); }
 
 // The widest FMA this CPU (and TORCHCOMPILE_ISA) has: its lanes, or 0 without one.
 int peak_lanes() {
