@@ -23,7 +23,7 @@ namespace {
 //    deconvolution primitive's direct kernels ran a DCGAN generator 2x slower than ATen 1.13's
 //    slow_conv_transpose2d (which makes one small GEMM per image, then col2im), while one GEMM
 //    over the whole batch runs at oneDNN matmul's rate (brgemm on AVX-512, ~210 GFLOP/s here):
-//    the generator 3.9x over ATen 1.13 (3.0x limited to AVX2).
+//    the generator 2.3-4.7x over ATen 1.13 across runs (3.0x limited to AVX2).
 //  - `1` (the default with oneDNN 3): oneDNN's deconvolution over channels-last activations
 //    (brgemm kernels; a DCGAN generator 1.21x over LibTorch 2.6's eager, which runs oneDNN
 //    deconvolutions itself, but without BatchNorm folded; the gemm way 1.11x there).

@@ -5,18 +5,17 @@
 #include "onednn_internal.h"
 
 #include <ATen/ATen.h>
-
 #include <ATen/Parallel.h>
+#include <c10/util/SmallVector.h>
+
+#include <algorithm>
+#include <memory>
 
 // at::parallel_for is an `omp parallel` region inline in LibTorch's headers: without OpenMP this
 // file's parallel loops would silently run on one thread (CMakeLists.txt adds the flag).
 #ifndef _OPENMP
 #error "compile this file with OpenMP (at::parallel_for)"
 #endif
-#include <c10/util/SmallVector.h>
-
-#include <algorithm>
-#include <memory>
 
 namespace torchcompile::backends::onednn::detail {
 
