@@ -172,7 +172,6 @@ struct CompiledOptimizer::Impl {
     if (fast(p, grad, {&m, &v, o.amsgrad() ? &vmax : nullptr})) {
       AdamStep s;
       s.adamw = adamw;
-      s.amsgrad = o.amsgrad();
       if (adamw) {
         s.decay = o.weight_decay() != 0 ? static_cast<float>(1 - o.lr() * o.weight_decay()) : 1.f;
       } else {

@@ -32,7 +32,7 @@ struct SgdStep {
 ///   denom = (sqrt(v or vmax) / sqrt(bias_correction2)).add_(eps)
 ///   p.addcdiv_(m, denom, -lr / bias_correction1)  (self + value * t1 / t2)
 struct AdamStep {
-  bool adamw = false, amsgrad = false;
+  bool adamw = false;  // amsgrad: the kernel is given a `vmax`
   float weight_decay = 0;  // Adam: on the gradient
   float decay = 1;         // AdamW: the factor 1 - lr * weight_decay (1: none)
   float beta1 = 0, one_minus_beta1 = 0, beta2 = 0, one_minus_beta2 = 0, sqrt_bc2 = 1, eps = 0, neg_step_size = 0;
