@@ -8,6 +8,9 @@ cd "$root"
 # The TorchScript test archives are made on the host, by its Python's torch (1.13): archives saved
 # by an older PyTorch are what deployed programs load with a newer LibTorch.
 /usr/bin/python3 scripts/make_torchscript_models.py build-lt2-models >/dev/null
+# Packages the project needs beyond the chroot's base set (data-parallel training: Gloo's headers).
+"$tool" run sh -c 'dpkg -s libgloo-dev >/dev/null 2>&1 || apt-get install -y -q --no-install-recommends libgloo-dev >/dev/null'
+
 "$tool" run sh -c 'cmake -S . -B build-lt2 -G Ninja -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DTORCHCOMPILE_BUILD_BENCHMARKS=OFF \
     -DTORCHCOMPILE_TORCHSCRIPT_MODELS="$PWD/build-lt2-models" &&
   cmake --build build-lt2 --parallel "$(nproc)" && ctest --test-dir build-lt2 --output-on-failure --label-exclude "tsan|asan|bench"'

@@ -18,6 +18,7 @@ packages=(
   libopenblas0-openmp   # BLAS/LAPACK sharing LibTorch's OpenMP runtime
   python3
   python3-torch         # PyTorch 1.13.1 for Python: scripts and saves the TorchScript test models
+  libgloo-dev           # Gloo's headers, included by c10d's Gloo process group (data-parallel training)
 )
 
 missing=()

@@ -7,6 +7,7 @@
 #include <c10/core/DispatchKey.h>
 #include <c10/core/ScalarType.h>
 #include <c10/core/Storage.h>
+#include <c10/util/intrusive_ptr.h>
 #include <torch/version.h>
 
 #include <atomic>
@@ -151,6 +152,34 @@ typename StateMap::key_type optimizer_state_key(const void* impl) {
   } else {
     return const_cast<void*>(impl);
   }
+}
+
+/// c10d's Gloo process group (template parameters: the c10d classes, so that this header does
+/// not include c10d's): in 1.13 ProcessGroupGloo is itself a ProcessGroup; in 2.x it is a
+/// Backend, which a ProcessGroup holds per device type.
+template <class ProcessGroup, class Store, class Gloo>
+c10::intrusive_ptr<ProcessGroup> gloo_process_group(const c10::intrusive_ptr<Store>& store, int rank, int size,
+                                                    c10::intrusive_ptr<Gloo> gloo) {
+#if TORCH_VERSION_MAJOR >= 2
+  auto pg = c10::make_intrusive<ProcessGroup>(store, rank, size);
+  pg->setBackend(c10::DeviceType::CPU, ProcessGroup::BackendType::GLOO, gloo);
+  pg->setDefaultBackend(ProcessGroup::BackendType::GLOO);
+  return pg;
+#else
+  (void)store, (void)rank, (void)size;
+  return gloo;
+#endif
+}
+
+/// c10d's TCPStore options: 2.x serves the store with libuv by default; the classic server
+/// (the only one in 1.13) is kept so both generations behave alike.
+template <class TCPStoreOptions>
+void classic_tcp_store(TCPStoreOptions& options) {
+#if TORCH_VERSION_MAJOR >= 2
+  options.useLibUV = false;
+#else
+  (void)options;
+#endif
 }
 
 }  // namespace torchcompile::compat

@@ -1,10 +1,12 @@
 #include "compile/pipeline.h"
 
 #include "backends/verify_text.h"
+#include "compile/gradient_buckets.h"
 
 #include "repro/repro_internal.h"
 #include "support/error_text.h"
 
+#include <torchcompile/compile/partitioner.h>
 #include <torchcompile/ir/interpreter.h>
 #include <torchcompile/ir/passes.h>
 #include <torchcompile/ir/printer.h>
@@ -96,10 +98,27 @@ CompiledGraph compile_graph(GraphModule& gm, const std::vector<at::Tensor>& exam
   const std::optional<repro::detail::Config> repro_cfg = repro::detail::config_from_env();
   std::shared_ptr<const GraphModule> as_received;
   if (repro_cfg) as_received = ir::copy_module(gm);
+  // Data-parallel training: one part per gradient bucket, each compiled by the backend
+  // (compile/gradient_buckets.h).
+  Backend chosen = backend;
+  std::string chosen_name = backend_name;
+  if (auto buckets = gradient_bucket_groups(gm); !buckets.empty()) {
+    std::vector<PartitionBackend> parts;
+    for (size_t k = 0; k < buckets.size(); ++k) {
+      std::unordered_set<const ir::Node*> mine(buckets[k].begin(), buckets[k].end());
+      parts.push_back(PartitionBackend{
+          backend_name + " (gradient bucket " + std::to_string(k) + ")",
+          [mine](const GraphModule&, const std::vector<at::Tensor>&) { return mine; }, backend});
+    }
+    chosen = partitioned_backend(std::move(parts));
+    chosen_name = backend_name + " split at " + std::to_string(buckets.size() - 1) + " gradient bucket boundaries";
+    TORCHCOMPILE_LOG(LogKind::Passes, "torch::compile(", owner, "): the graph reads parameters of ", buckets.size(),
+                     " gradient buckets of DistributedDataParallel: compiled as one part per bucket");
+  }
   {
-    TimedStep step("backend " + backend_name);
+    TimedStep step("backend " + chosen_name);
     try {
-      out.fn = call_backend(backend, backend_name, gm, example_inputs);
+      out.fn = call_backend(chosen, chosen_name, gm, example_inputs);
     } catch (const std::exception& e) {
       if (repro_cfg) {
         repro::detail::write_failure(*repro_cfg, *as_received, example_inputs, backend_name,

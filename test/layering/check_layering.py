@@ -4,7 +4,8 @@
 Every file of a stage -- src/<stage>/ and its public headers include/torchcompile/<stage>/ --
 may include only files of its own stage or of a stage below it:
 
-    support < ir < hooks < capture < backends < aot < repro < compile < runtime < frontend < tools
+    support < ir < hooks < capture < backends < aot < repro < compile < runtime < frontend
+    < distributed < tools
 
 src/backends/ is the registry and the backend contract; the built-in backends (backends/<name>/,
 at the top level) sit above the compile stage and below the runtime: a backend may use the
@@ -24,7 +25,7 @@ import sys
 import tempfile
 
 ORDER = ["support", "ir", "hooks", "capture", "backends", "aot", "repro", "compile",
-         "builtin-backends", "runtime", "frontend", "tools"]
+         "builtin-backends", "runtime", "frontend", "distributed", "tools"]
 RANK = {stage: i for i, stage in enumerate(ORDER)}
 # Public headers at the top of include/torchcompile/.
 TOP_HEADERS = {"compat.h": "support", "torchcompile.h": "frontend"}
