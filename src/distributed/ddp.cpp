@@ -38,15 +38,18 @@ int64_t host_id() {
   return static_cast<int64_t>(std::hash<std::string>{}(name) & 0x7fffffffffffffffULL);
 }
 
-// Whether process `pid` of this machine has ended (gone, or a zombie its parent has not reaped).
-bool process_ended(int64_t pid) {
-  if (pid <= 0) return false;
-  if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return true;
+// The state of process `pid` of this machine: 'X' gone, 'Z' a zombie its parent has not reaped,
+// 'T' stopped, else the state letter of /proc/<pid>/stat ('R', 'S', ...).
+char process_state(int64_t pid) {
+  if (pid <= 0) return '?';
+  if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return 'X';
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
   std::string content;
   std::getline(stat, content);
   auto close = content.rfind(')');
-  return close != std::string::npos && close + 2 < content.size() && content[close + 2] == 'Z';
+  if (close == std::string::npos || close + 2 >= content.size()) return '?';
+  const char c = content[close + 2];
+  return c == 't' ? 'T' : c;
 }
 
 }  // namespace
@@ -87,27 +90,27 @@ struct DistributedDataParallel::Impl {
   bool stopping = false;
   std::thread watchdog;
 
-  // Who is gone, for an error message.
+  // Who is gone, for an error message: peers on this machine by their process state.
   std::string lost_ranks() const {
-    std::vector<int> gone, unknown;
+    std::ostringstream gone, stopped, unknown;
     const int64_t me = host_id();
     for (int r = 0; r < static_cast<int>(peers.size()); ++r) {
       if (r == rank) continue;
-      if (peers[r].first == me && process_ended(peers[r].second))
-        gone.push_back(r);
+      const char state = peers[r].first == me ? process_state(peers[r].second) : '?';
+      if (state == 'X' || state == 'Z')
+        gone << (gone.tellp() ? ", " : "") << "rank " << r << " (process " << peers[r].second << " has ended)";
+      else if (state == 'T')
+        stopped << (stopped.tellp() ? ", " : "") << "rank " << r << " (process " << peers[r].second << ") is stopped";
       else
-        unknown.push_back(r);
+        unknown << (unknown.tellp() ? ", " : "") << r;
     }
-    std::ostringstream s;
-    if (!gone.empty()) {
-      s << "lost rank" << (gone.size() > 1 ? "s" : "");
-      for (int r : gone) s << " " << r << " (process " << peers[r].second << " has ended)";
-    } else {
-      s << "no rank on this machine has ended; rank(s)";
-      for (int r : unknown) s << " " << r;
-      s << " did not respond (a process on another machine that ended or hangs, or a network failure)";
-    }
-    return s.str();
+    std::string out;
+    if (gone.tellp()) out = "lost " + gone.str();
+    if (stopped.tellp()) out += (out.empty() ? "" : "; ") + stopped.str();
+    if (out.empty())
+      out = "no rank on this machine has ended; rank(s) " + unknown.str() +
+            " did not respond (a process on another machine that ended or hangs, or a network failure)";
+    return out;
   }
 
   void fail(const Pending& p, const std::string& why) {

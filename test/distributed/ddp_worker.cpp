@@ -5,6 +5,7 @@
 //   nosync     two steps accumulated under no_sync(), then one synchronised step
 //   unused     a parameter the forward does not use: the error of the next forward
 //   kill       rank 1 kills itself at step 5; rank 0 writes the error it gets
+//   hang       rank 1 stops itself (SIGSTOP) at step 5; rank 0 writes the error it gets
 //   checkpoint steps 0..19 with a checkpoint every 5 steps; with ARGS "kill_at=12" rank 1 dies there;
 //              a rerun resumes from the checkpoint
 // BACKEND: "none" (torchcompile::call, uncompiled) or a backend name for torch::compile.
@@ -160,11 +161,11 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  if (scenario == "kill") {
+  if (scenario == "kill" || scenario == "hang") {
     auto start = std::chrono::steady_clock::now();
     try {
       for (int64_t k = 0; k < kSteps; ++k) {
-        if (k == 5 && rank == 1) raise(SIGKILL);
+        if (k == 5 && rank == 1) raise(scenario == "kill" ? SIGKILL : SIGSTOP);
         if (k == 5) start = std::chrono::steady_clock::now();
         step_fn(k);
       }

@@ -2,6 +2,9 @@
 // compared with each other and with one process training on the whole batch.
 #include "distributed/ddp_common.h"
 
+#include <torchcompile/distributed/ddp.h>
+#include <torchcompile/torchcompile.h>
+
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -30,7 +33,7 @@ std::string fresh_dir(const std::string& name) {
 int launch(const std::string& args, const std::string& dir, const std::string& extra = "",
            const std::string& env = "", int limit_s = 240) {
   std::string cmd = "env " + env + " timeout -k 5 " + std::to_string(limit_s) + " " + TORCHCOMPILE_LAUNCH +
-                    " --nproc 2 --grace 30 " + TORCHCOMPILE_DDP_WORKER + " " + args + " " + dir + " " + extra +
+                    " --nproc 2 --grace 10 " + TORCHCOMPILE_DDP_WORKER + " " + args + " " + dir + " " + extra +
                     " >>" + dir + "/log.txt 2>&1";
   int st = std::system(cmd.c_str());
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
@@ -160,6 +163,23 @@ TEST(Ddp, UnusedParameterIsAnErrorNamingIt) {
   EXPECT_EQ(read_text(dir2 + "/result_rank1.txt"), "ok\n");
 }
 
+// A rank that stops responding without ending (stopped by SIGSTOP): the other one's backward
+// throws once the timeout has passed, naming it; the launcher then terminates the stopped rank.
+TEST(Ddp, HungRankTimesOutNamingIt) {
+  const std::string dir = fresh_dir("hang");
+  const int status = launch("hang default mlp", dir, "", "TORCHCOMPILE_DIST_TIMEOUT=3", 120);
+  EXPECT_NE(status, 0);
+  std::istringstream r0(read_text(dir + "/result_rank0.txt"));
+  double waited = 1e9;
+  r0 >> waited;
+  std::string message((std::istreambuf_iterator<char>(r0)), std::istreambuf_iterator<char>());
+  EXPECT_GE(waited, 2.5) << message;
+  EXPECT_LT(waited, 3.0 + 5.0) << message;
+  EXPECT_NE(message.find("did not complete within the timeout of 3"), std::string::npos) << message;
+  EXPECT_NE(message.find("rank 1 (process"), std::string::npos) << message;
+  EXPECT_NE(message.find("is stopped"), std::string::npos) << message;
+}
+
 TEST(Ddp, ParametersGivenNewStorageAfterAttachingAreAnError) {
   const std::string dir = fresh_dir("reload");
   ASSERT_EQ(launch("reload default mlp", dir), 0) << read_text(dir + "/log.txt");
@@ -214,5 +234,78 @@ TEST_P(DdpCheckpoint, RestartFromCheckpointReproducesTheUninterruptedRun) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, DdpCheckpoint, ::testing::Values("none", "default"));
+
+// ---- in one process (a world of one rank; these also run under ThreadSanitizer: test/tsan) ----
+
+c10::intrusive_ptr<c10d::ProcessGroup> world_of_one(const std::string& name) {
+  const std::string file = fresh_dir(name) + "/store";
+  return torchcompile::init_process_group(
+      torchcompile::ProcessGroupOptions().with_init_method("file://" + file).with_world_size(1).with_rank(0));
+}
+
+// 10 SGD steps of the wide MLP through `backend` ("none": uncompiled), with or without DDP.
+std::vector<torch::Tensor> train_alone(const std::string& backend, bool with_ddp) {
+  torch::manual_seed(0);
+  WideMlp net;
+  std::unique_ptr<torchcompile::DistributedDataParallel> ddp;
+  if (with_ddp)
+    ddp = std::make_unique<torchcompile::DistributedDataParallel>(
+        net, world_of_one("alone_" + backend), torchcompile::DistributedOptions().with_bucket_cap_mb(0.5));
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  std::function<torch::Tensor(const torch::Tensor&)> fwd;
+  if (backend == "none") {
+    fwd = [net](const torch::Tensor& x) { return torchcompile::call(net, x); };
+  } else {
+    auto compiled = std::make_shared<decltype(torch::compile(net, backend))>(torch::compile(net, backend));
+    fwd = [compiled](const torch::Tensor& x) { return (*compiled)(x); };
+  }
+  for (int64_t k = 0; k < 10; ++k) {
+    Batch b = global_batch("wide", k);
+    opt.zero_grad();
+    loss_of("wide", fwd(b.x), b.y).backward();
+    opt.step();
+  }
+  if (ddp) EXPECT_EQ(ddp->last_comm_events().size(), ddp->bucket_indices().size());
+  std::vector<torch::Tensor> out;
+  for (const auto& p : net->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+class DdpSingleProcess : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DdpSingleProcess, WorldOfOneTrainsAsWithoutIt) {
+  auto plain = train_alone(GetParam(), false), with = train_alone(GetParam(), true);
+  for (size_t i = 0; i < plain.size(); ++i)
+    EXPECT_TRUE(torch::allclose(plain[i], with[i], 1e-5, 1e-7))
+        << "parameter " << i << ": max difference " << (plain[i] - with[i]).abs().max().item<float>();
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, DdpSingleProcess, ::testing::Values("none", "aot_eager", "default"));
+
+TEST(DdpSingleProcess, InitProcessGroupErrorsSayWhatWasExpected) {
+  auto message = [](const torchcompile::ProcessGroupOptions& o) {
+    try {
+      torchcompile::init_process_group(o);
+    } catch (const c10::Error& e) {
+      return std::string(e.what_without_backtrace());
+    }
+    return std::string("no error");
+  };
+  using O = torchcompile::ProcessGroupOptions;
+  EXPECT_NE(message(O().with_backend("nccl").with_rank(0).with_world_size(1)).find("expected backend \"gloo\""),
+            std::string::npos);
+  EXPECT_NE(message(O().with_rank(2).with_world_size(2)).find("expected a rank in [0, 2), got 2"), std::string::npos);
+  EXPECT_NE(message(O().with_rank(0).with_world_size(1).with_init_method("udp://x")).find("expected init_method"),
+            std::string::npos);
+  EXPECT_NE(message(O().with_rank(0).with_world_size(1).with_init_method("tcp://127.0.0.1:99999"))
+                .find("expected a master port in [1, 65535], got 99999"),
+            std::string::npos);
+  unsetenv("RANK");
+  EXPECT_NE(message(O().with_world_size(1)).find("RANK is not set"), std::string::npos);
+  setenv("TORCHCOMPILE_DIST_TIMEOUT", "soon", 1);
+  EXPECT_NE(message(O().with_rank(0).with_world_size(1)).find("TORCHCOMPILE_DIST_TIMEOUT must be a positive"),
+            std::string::npos);
+  unsetenv("TORCHCOMPILE_DIST_TIMEOUT");
+}
 
 }  // namespace

@@ -1,6 +1,8 @@
 # Configure, build and run test_runtime's concurrency tests (and test_dynamic's concurrent calls
 # of one dynamic entry, test_frontend's of one TorchScript module, test_package's of one loaded
-# package, test_precision's of one int8 model) with ThreadSanitizer.
+# package, test_precision's of one int8 model, test_distributed's DistributedDataParallel in one
+# process: the Reducer's autograd hooks, Gloo's threads completing all-reduces, the watchdog)
+# with ThreadSanitizer.
 # LibTorch itself is not instrumented; OpenMP is limited to one thread so its uninstrumented
 # pool does not appear as a race, and the project's own synchronization is what is checked.
 execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${BINARY_DIR} -G ${GENERATOR}
@@ -11,7 +13,7 @@ execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${BINARY_DIR} -G ${
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "tsan: configure failed")
 endif()
-execute_process(COMMAND ${CMAKE_COMMAND} --build ${BINARY_DIR} --target test_runtime test_dynamic test_frontend test_package package_loader test_precision RESULT_VARIABLE rc)
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${BINARY_DIR} --target test_runtime test_dynamic test_frontend test_package package_loader test_precision test_distributed RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "tsan: build failed")
 endif()
@@ -37,4 +39,8 @@ endif()
 execute_process(COMMAND ${BINARY_DIR}/test/test_precision --gtest_filter=Precision.FourThreadsAtOnce RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "tsan: test_precision (an int8 model called from four threads) failed under ThreadSanitizer (exit ${rc})")
+endif()
+execute_process(COMMAND ${BINARY_DIR}/test/test_distributed --gtest_filter=*DdpSingleProcess.* RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "tsan: test_distributed (DistributedDataParallel in one process) failed under ThreadSanitizer (exit ${rc})")
 endif()
