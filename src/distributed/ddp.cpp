@@ -118,7 +118,13 @@ struct DistributedDataParallel::Impl {
     std::ostringstream msg;
     msg << kWho << " (rank " << rank << " of " << world << "): the gradient all-reduce of bucket " << p.bucket
         << " failed: " << why << "; " << lost_ranks();
-    p.result->setError(std::make_exception_ptr(c10::Error(msg.str(), "")));
+    std::exception_ptr error;
+    try {
+      TORCH_CHECK(false, msg.str());
+    } catch (...) {
+      error = std::current_exception();
+    }
+    p.result->setError(error);
   }
 
   void watch() {
