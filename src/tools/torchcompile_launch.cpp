@@ -242,6 +242,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "torchcompile-launch: %zu rank(s) still running after the first failure: sending %s\n",
                    running, sig == SIGKILL ? "SIGKILL" : "SIGTERM");
       forward_signal(sig);
+      forward_signal(SIGCONT);  // a stopped rank handles SIGTERM only once it runs
       terminated = true;
       deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     }

@@ -3,6 +3,7 @@
 #include "distributed/ddp_common.h"
 
 #include <torchcompile/distributed/ddp.h>
+#include <torchcompile/support/logging.h>
 #include <torchcompile/torchcompile.h>
 
 #include <gtest/gtest.h>
@@ -281,6 +282,35 @@ TEST_P(DdpSingleProcess, WorldOfOneTrainsAsWithoutIt) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, DdpSingleProcess, ::testing::Values("none", "aot_eager", "default"));
+
+// A module compiled and trained before DistributedDataParallel is attached: attaching registers
+// hooks on it, which its guards notice, so the next call compiles again, split at the buckets.
+TEST(DdpSingleProcess, CompiledBeforeAttachingIsSplitAfterwards) {
+  torch::manual_seed(0);
+  WideMlp net;
+  auto compiled = torch::compile(net, "aot_eager");
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05));
+  auto step = [&](int64_t k) {
+    Batch b = global_batch("wide", k);
+    opt.zero_grad();
+    loss_of("wide", compiled(b.x), b.y).backward();
+    opt.step();
+  };
+  torchcompile::logging::set_logs("passes");
+  ::testing::internal::CaptureStderr();
+  step(0);
+  const std::string before = ::testing::internal::GetCapturedStderr();
+  torchcompile::DistributedDataParallel ddp(net, world_of_one("late"),
+                                            torchcompile::DistributedOptions().with_bucket_cap_mb(0.5));
+  ::testing::internal::CaptureStderr();
+  step(1);
+  step(2);
+  const std::string after = ::testing::internal::GetCapturedStderr();
+  torchcompile::logging::reset_logs();
+  EXPECT_EQ(before.find("gradient bucket"), std::string::npos) << before;
+  EXPECT_NE(after.find("split at 1 gradient bucket boundaries"), std::string::npos) << after;
+  EXPECT_EQ(ddp.last_comm_events().size(), 2u);
+}
 
 TEST(DdpSingleProcess, InitProcessGroupErrorsSayWhatWasExpected) {
   auto message = [](const torchcompile::ProcessGroupOptions& o) {
