@@ -71,6 +71,7 @@ struct DistributedDataParallel::Impl {
   RemovableHandle pre_hook, post_hook;
   std::vector<std::pair<int64_t, int64_t>> peers;  // (host id, pid) per rank
   std::shared_ptr<compile_stage::GradientBucketsRegistration> split_registration;
+  std::weak_ptr<Impl> self;  // for callbacks that may run after this object is gone
 
   // Communication events of the current backward.
   mutable std::mutex events_mu;
@@ -78,8 +79,12 @@ struct DistributedDataParallel::Impl {
   bool events_reset = true;
 
   // Watchdog: pending all-reduces with their deadlines.
+  // The watchdog and Gloo's completion callback hold no reference to the result: the Reducer
+  // owns it and waits for it, so it lives until it is completed, and only the one that sets
+  // `done` first (completion, failure or timeout) touches it. (Shared references released on
+  // LibTorch's uninstrumented threads would also hide the ordering from ThreadSanitizer.)
   struct Pending {
-    c10::intrusive_ptr<c10::ivalue::Future> result;
+    c10::ivalue::Future* result;
     std::shared_ptr<std::atomic<bool>> done;
     std::chrono::steady_clock::time_point deadline;
     size_t bucket;
@@ -174,7 +179,8 @@ struct DistributedDataParallel::Impl {
     const size_t index = bucket.getIndex();
     record(index, false);
     auto result = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
-    Pending p{result, std::make_shared<std::atomic<bool>>(false), std::chrono::steady_clock::now() + timeout, index};
+    Pending p{result.get(), std::make_shared<std::atomic<bool>>(false), std::chrono::steady_clock::now() + timeout,
+              index};
     std::vector<at::Tensor> tensors{buffer};
     c10::intrusive_ptr<c10d::Work> work;
     try {
@@ -188,7 +194,9 @@ struct DistributedDataParallel::Impl {
       pending.push_back(p);
     }
     wd_cv.notify_one();
-    work->getFuture()->addCallback([this, p, tensors](c10::ivalue::Future& f) {
+    work->getFuture()->addCallback([weak = self, p](c10::ivalue::Future& f) {
+      auto impl = weak.lock();
+      if (!impl) return;  // the DistributedDataParallel is gone
       if (f.hasError()) {
         std::string why = "communication error";
         try {
@@ -197,12 +205,12 @@ struct DistributedDataParallel::Impl {
           why = e.what();
         } catch (...) {
         }
-        fail(p, why);
+        impl->fail(p, why);
         return;
       }
       if (p.done->exchange(true)) return;
-      record(p.bucket, true);
-      p.result->markCompleted(c10::IValue(c10::List<at::Tensor>(tensors)));
+      impl->record(p.bucket, true);
+      p.result->markCompleted(f.value());  // the bucket's buffer, reduced in place
     });
     return result;
   }
@@ -274,6 +282,7 @@ struct DistributedDataParallel::Impl {
     {
       std::lock_guard<std::mutex> lock(wd_mu);
       stopping = true;
+      for (const Pending& p : pending) p.done->store(true);  // no one touches their results now
     }
     wd_cv.notify_one();
     if (watchdog.joinable()) watchdog.join();
@@ -305,6 +314,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   TORCH_CHECK(pg, kWho, ": expected a process group (torchcompile::init_process_group()), got null");
   TORCH_CHECK(options.bucket_cap_mb > 0, kWho, ": expected bucket_cap_mb > 0, got ", options.bucket_cap_mb);
   Impl& d = *impl_;
+  d.self = impl_;
   d.module = std::move(module);
   d.pg = std::move(pg);
   d.options = options;

@@ -54,6 +54,9 @@
 //   torchscript, onednn, fused, default
 //                  torch::compile(m, "<name>")
 //   aot_eager      training rows only: AOT autograd, forward and backward graphs interpreted
+//   max-autotune   torch::compile(m, CompileOptions("default").with_mode("max-autotune")): each
+//                  inference graph compiled with default, onednn, fused and the interpreter, timed
+//                  on its inputs, the fastest kept (training rows compile as default)
 //   default int8, default bf16
 //                  inference rows only: `default` with Precision::Int8Dynamic / BFloat16
 //                  (docs/precision.md), compared with eager's float32 result by relative error
@@ -272,7 +275,7 @@ struct Instance {
   int64_t traced_rows = 0;             ///< size of the first input's dimension 0
   Runner eager;
   /// A fresh torch::compile of the model with `backend` (nothing is called yet).
-  std::function<Runner(const std::string& backend, bool dynamic, torchcompile::Precision precision)> compile;
+  std::function<Runner(const torchcompile::CompileOptions& options)> compile;
 };
 
 template <typename C>
@@ -319,9 +322,8 @@ Instance module_instance(std::shared_ptr<M> m, bool training, In... inputs) {
   inst.eager.call = eager;
   inst.traced_rows = std::get<0>(std::forward_as_tuple(inputs...)).size(0);
   if (!training) inst.eager.at_rows = at_rows_of([m](auto&... a) { return m->forward(a...); }, inputs...);
-  inst.compile = [m, training, params = inst.params, inputs...](const std::string& backend, bool dynamic,
-                                                                torchcompile::Precision precision) {
-    auto c = torch::compile(m, torchcompile::CompileOptions(backend).with_dynamic(dynamic).with_precision(precision));
+  inst.compile = [m, training, params = inst.params, inputs...](const torchcompile::CompileOptions& options) {
+    auto c = torch::compile(m, options);
     std::function<torch::Tensor()> call = [c, inputs...]() mutable { return c(inputs...); };
     if (training) return Runner{as_step(params, call), info_of(c), {}};
     return Runner{call, info_of(c), at_rows_of([c](auto&... a) mutable { return c(a...); }, inputs...)};
@@ -343,8 +345,8 @@ Instance optimizer_instance(std::shared_ptr<M> m, MakeOptimizer make_optimizer, 
     return loss;
   };
   inst.compile = [compile = inst.compile, make_optimizer, params = inst.params](
-                     const std::string& backend, bool dynamic, torchcompile::Precision precision) {
-    Runner r = compile(backend, dynamic, precision);
+                     const torchcompile::CompileOptions& options) {
+    Runner r = compile(options);
     auto o = make_optimizer(params);
     auto compiled = std::make_shared<torchcompile::CompiledOptimizer>(*o);
     r.call = [step = r.call, o, compiled]() {
@@ -371,8 +373,8 @@ Instance function_instance(F fn, In... inputs) {
   inst.eager.call = [fn, inputs...]() { return fn(inputs...); };
   inst.traced_rows = std::get<0>(std::forward_as_tuple(inputs...)).size(0);
   inst.eager.at_rows = at_rows_of([fn](auto&... a) { return fn(a...); }, inputs...);
-  inst.compile = [fn, inputs...](const std::string& backend, bool dynamic, torchcompile::Precision precision) {
-    auto c = torch::compile(fn, torchcompile::CompileOptions(backend).with_dynamic(dynamic).with_precision(precision));
+  inst.compile = [fn, inputs...](const torchcompile::CompileOptions& options) {
+    auto c = torch::compile(fn, options);
     return Runner{[c, inputs...]() mutable { return c(inputs...); }, info_of(c),
                   at_rows_of([c](auto&... a) mutable { return c(a...); }, inputs...)};
   };
@@ -388,14 +390,14 @@ Instance script_instance(const std::string& archive, std::vector<c10::IValue> in
   Instance inst;
   inst.eager.call = [m, inputs, first]() mutable { return first(m.forward(inputs)); };
   inst.traced_rows = inputs[0].toTensor().size(0);
-  inst.compile = [m, inputs, first](const std::string& backend, bool dynamic, torchcompile::Precision precision) {
-    if (backend == "torchscript") {
+  inst.compile = [m, inputs, first](const torchcompile::CompileOptions& options) {
+    if (options.backend == "torchscript") {
       torch::jit::Module frozen = torch::jit::freeze(m.clone());
       frozen = torch::jit::optimize_for_inference(frozen);
       return Runner{[frozen, inputs, first]() mutable { return first(frozen.forward(inputs)); },
                     [] { return CompileInfo{1, 1, 0, ""}; }, {}};
     }
-    auto c = torch::compile(m, torchcompile::CompileOptions(backend).with_dynamic(dynamic).with_precision(precision));
+    auto c = torch::compile(m, options);
     return Runner{[c, inputs, first]() { return first(c.forward(inputs)); }, info_of(c), {}};
   };
   return inst;
@@ -543,6 +545,11 @@ struct Mode {
   /// `max_rel_error`), which the table shows beside the speedup.
   torchcompile::Precision precision = torchcompile::Precision::Float32;
   double max_rel_error = 0;
+  std::string compile_mode = "default";  ///< CompileOptions::mode
+
+  torchcompile::CompileOptions options() const {
+    return torchcompile::CompileOptions(backend).with_dynamic(dynamic).with_precision(precision).with_mode(compile_mode);
+  }
 };
 
 const std::vector<Mode>& modes() {
@@ -555,6 +562,9 @@ const std::vector<Mode>& modes() {
       // Reduced precision (docs/precision.md), inference rows.
       {"default int8", "default", false, false, torchcompile::Precision::Int8Dynamic, 0.02},
       {"default bf16", "default", false, false, torchcompile::Precision::BFloat16, 0.01},
+      // CompileOptions::mode "max-autotune": each inference graph timed with default, onednn,
+      // fused and the interpreter at compile time, the fastest kept (training rows: as default).
+      {"max-autotune", "default", false, false, torchcompile::Precision::Float32, 0, "max-autotune"},
   };
   return ms;
 }
@@ -637,7 +647,7 @@ Prepared prepare(size_t row, const Mode& mode) {
       p.runner = inst.eager;
       return p;
     }
-    p.runner = inst.compile(mode.backend, mode.dynamic, mode.precision);
+    p.runner = inst.compile(mode.options());
     for (const char* which : {"first call", "second call"}) {
       torch::Tensor got = p.runner.call();
       if (mode.precision != torchcompile::Precision::Float32) {
@@ -1082,7 +1092,7 @@ void measure_new_sizes(Results& res) {
       row.mode = m;
       std::vector<double> firsts, warms, ratios, eagers;
       try {
-        Runner fresh = inst.compile(mode.backend, mode.dynamic, mode.precision);
+        Runner fresh = inst.compile(mode.options());
         fresh.call();
         fresh.call();
         const int64_t traced = inst.traced_rows;
@@ -1239,7 +1249,7 @@ void measure_first_calls(Results& res) {
     std::vector<double> times;
     try {
       for (int i = 0; i < res.first_call_reps; ++i) {
-        Runner fresh = inst.compile(mode.backend, mode.dynamic, mode.precision);
+        Runner fresh = inst.compile(mode.options());
         times.push_back(time_call_s(fresh.call) * 1e3);
         cell.first_info = fresh.info();
       }
