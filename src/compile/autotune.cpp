@@ -25,6 +25,8 @@
 namespace torchcompile::compile_stage {
 namespace {
 
+using logging::LogKind;
+
 constexpr const char* kModes = "\"default\" (compile with the backend as given) or \"max-autotune\" (also compile "
                                "each inference graph with onednn, fused and the interpreter, time them on the real "
                                "inputs, keep the fastest)";
@@ -95,7 +97,7 @@ std::string tuning_key(const GraphModule& gm, const std::vector<at::Tensor>& inp
   for (const at::Tensor& t : inputs) describe_tensor(s, t), s << ";";
   s << "|";
   for (const auto& [name, attr] : gm.attributes()) s << name << ":", describe_tensor(s, attr.first), s << ";";
-  s << "|" << to_string(selected_isa()) << "|threads=" << at::get_num_threads() << "|" << backend_name;
+  s << "|" << support::to_string(support::selected_isa()) << "|threads=" << at::get_num_threads() << "|" << backend_name;
   std::string key = s.str();
   std::replace(key.begin(), key.end(), '\t', ' ');
   std::replace(key.begin(), key.end(), '\n', ' ');
@@ -152,9 +154,9 @@ CompiledFn tuned(const Backend& backend, const std::string& backend_name, GraphM
         CompileReport trial;
         CompiledFn fn;
         {
-          detail::ReportScope scope(&trial);
+          torchcompile::detail::ReportScope scope(&trial);
           fn = candidate(*copy, inputs);
-          detail::take_decline_reason();
+          torchcompile::detail::take_decline_reason();
         }
         if (!fn) {
           outcome = "declined";
@@ -178,13 +180,21 @@ CompiledFn tuned(const Backend& backend, const std::string& backend_name, GraphM
   for (const auto& [name, candidate] : candidates) {
     if (name != *winner) continue;
     CompiledFn fn = call_backend(candidate, name, gm, inputs);
-    if (CompileReport* report = detail::current_report()) report->partition.push_back(summary);
+    if (CompileReport* report = torchcompile::detail::current_report()) report->partition.push_back(summary);
     if (fn) return fn;
   }
   return call_backend(backend, backend_name, gm, inputs);  // a cached choice this build lacks
 }
 
 }  // namespace
+
+namespace detail {
+void forget_autotune_choices() {
+  std::lock_guard<std::mutex> lock(choices().mu);
+  choices().chosen.clear();
+  choices().loaded = false;
+}
+}  // namespace detail
 
 void check_mode(const std::string& mode) {
   if (mode == "default" || mode == "max-autotune" || mode == "max-autotune-no-cudagraphs") return;

@@ -16,4 +16,9 @@ void check_mode(const std::string& mode);
 /// `backend` (registered as `backend_name`) as `mode` compiles with it.
 Backend with_mode(Backend backend, const std::string& backend_name, const std::string& mode);
 
+namespace detail {
+/// Forget the choices made in this process (tests: the next compile reads TORCHCOMPILE_CACHE_DIR).
+void forget_autotune_choices();
+}  // namespace detail
+
 }  // namespace torchcompile::compile_stage

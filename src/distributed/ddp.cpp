@@ -54,31 +54,20 @@ char process_state(int64_t pid) {
 
 }  // namespace
 
-struct DistributedDataParallel::Impl {
-  std::shared_ptr<torch::nn::Module> module;
-  c10::intrusive_ptr<c10d::ProcessGroup> pg;
-  DistributedOptions options;
-  std::chrono::milliseconds timeout{};
+// What Gloo's completion callbacks and the watchdog use: shared with them, owning no process
+// group, Reducer or thread, so that releasing it on any thread is harmless (the process group's
+// destructor joins Gloo's threads: it must not run on one of them).
+struct CommState {
   int rank = 0;
   int world = 1;
-  std::vector<at::Tensor> params;  // requiring grad, in parameters() order
-  std::vector<std::string> names;
-  std::vector<at::Tensor> buffers;
-  // Each parameter's gradient accumulator, where the Reducer's hooks are.
-  std::vector<const torch::autograd::Node*> accumulators;
-  std::shared_ptr<c10d::Reducer> reducer;
-  std::atomic<bool> require_sync{true};
-  RemovableHandle pre_hook, post_hook;
+  std::chrono::milliseconds timeout{};
   std::vector<std::pair<int64_t, int64_t>> peers;  // (host id, pid) per rank
-  std::shared_ptr<compile_stage::GradientBucketsRegistration> split_registration;
-  std::weak_ptr<Impl> self;  // for callbacks that may run after this object is gone
 
   // Communication events of the current backward.
   mutable std::mutex events_mu;
-  std::vector<CommEvent> events;
+  std::vector<DistributedDataParallel::CommEvent> events;
   bool events_reset = true;
 
-  // Watchdog: pending all-reduces with their deadlines.
   // The watchdog and Gloo's completion callback hold no reference to the result: the Reducer
   // owns it and waits for it, so it lives until it is completed, and only the one that sets
   // `done` first (completion, failure or timeout) touches it. (Shared references released on
@@ -89,12 +78,6 @@ struct DistributedDataParallel::Impl {
     std::chrono::steady_clock::time_point deadline;
     size_t bucket;
   };
-  std::mutex wd_mu;
-  std::condition_variable wd_cv;
-  std::vector<Pending> pending;
-  bool stopping = false;
-  std::thread watchdog;
-
   // Who is gone, for an error message: peers on this machine by their process state.
   std::string lost_ranks() const {
     std::ostringstream gone, stopped, unknown;
@@ -132,14 +115,54 @@ struct DistributedDataParallel::Impl {
     p.result->setError(error);
   }
 
+  void record(size_t bucket, bool finished) {
+    std::lock_guard<std::mutex> lock(events_mu);
+    auto now = std::chrono::steady_clock::now();
+    if (!finished) {
+      if (events_reset) events.clear();
+      events_reset = false;
+      events.push_back(DistributedDataParallel::CommEvent{bucket, now, now});
+    } else {
+      for (DistributedDataParallel::CommEvent& e : events)
+        if (e.bucket == bucket) e.finished = now;
+    }
+  }
+
+};
+
+struct DistributedDataParallel::Impl {
+  std::shared_ptr<torch::nn::Module> module;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  DistributedOptions options;
+  std::chrono::milliseconds timeout{};
+  int rank = 0;
+  int world = 1;
+  std::vector<at::Tensor> params;  // requiring grad, in parameters() order
+  std::vector<std::string> names;
+  std::vector<at::Tensor> buffers;
+  // Each parameter's gradient accumulator, where the Reducer's hooks are.
+  std::vector<const torch::autograd::Node*> accumulators;
+  std::shared_ptr<c10d::Reducer> reducer;
+  std::atomic<bool> require_sync{true};
+  RemovableHandle pre_hook, post_hook;
+  std::shared_ptr<compile_stage::GradientBucketsRegistration> split_registration;
+  std::shared_ptr<CommState> comm = std::make_shared<CommState>();
+
+  // Watchdog: pending all-reduces with their deadlines.
+  std::mutex wd_mu;
+  std::condition_variable wd_cv;
+  std::vector<CommState::Pending> pending;
+  bool stopping = false;
+  std::thread watchdog;
+
   void watch() {
     std::unique_lock<std::mutex> lock(wd_mu);
     while (!stopping) {
       auto now = std::chrono::steady_clock::now();
       auto next = now + std::chrono::hours(1);
-      std::vector<Pending> expired;
+      std::vector<CommState::Pending> expired;
       pending.erase(std::remove_if(pending.begin(), pending.end(),
-                                   [&](const Pending& p) {
+                                   [&](const CommState::Pending& p) {
                                      if (p.done->load()) return true;
                                      if (p.deadline <= now) {
                                        expired.push_back(p);
@@ -151,8 +174,9 @@ struct DistributedDataParallel::Impl {
                     pending.end());
       if (!expired.empty()) {
         lock.unlock();
-        for (const Pending& p : expired)
-          fail(p, "it did not complete within the timeout of " + std::to_string(timeout.count() / 1000.0) + " s");
+        for (const CommState::Pending& p : expired)
+          comm->fail(p, "it did not complete within the timeout of " + std::to_string(timeout.count() / 1000.0) +
+                            " s");
         lock.lock();
         continue;
       }
@@ -160,33 +184,20 @@ struct DistributedDataParallel::Impl {
     }
   }
 
-  void record(size_t bucket, bool finished) {
-    std::lock_guard<std::mutex> lock(events_mu);
-    auto now = std::chrono::steady_clock::now();
-    if (!finished) {
-      if (events_reset) events.clear();
-      events_reset = false;
-      events.push_back(CommEvent{bucket, now, now});
-    } else {
-      for (CommEvent& e : events)
-        if (e.bucket == bucket) e.finished = now;
-    }
-  }
-
   c10::intrusive_ptr<c10::ivalue::Future> allreduce(c10d::GradBucket& bucket) {
     at::Tensor buffer = bucket.getBufferRef();
     buffer.div_(world);
     const size_t index = bucket.getIndex();
-    record(index, false);
+    comm->record(index, false);
     auto result = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
-    Pending p{result.get(), std::make_shared<std::atomic<bool>>(false), std::chrono::steady_clock::now() + timeout,
-              index};
+    CommState::Pending p{result.get(), std::make_shared<std::atomic<bool>>(false),
+                         std::chrono::steady_clock::now() + timeout, index};
     std::vector<at::Tensor> tensors{buffer};
     c10::intrusive_ptr<c10d::Work> work;
     try {
       work = pg->allreduce(tensors);
     } catch (const std::exception& e) {
-      fail(p, e.what());
+      comm->fail(p, e.what());
       return result;
     }
     {
@@ -194,9 +205,7 @@ struct DistributedDataParallel::Impl {
       pending.push_back(p);
     }
     wd_cv.notify_one();
-    work->getFuture()->addCallback([weak = self, p](c10::ivalue::Future& f) {
-      auto impl = weak.lock();
-      if (!impl) return;  // the DistributedDataParallel is gone
+    work->getFuture()->addCallback([comm = comm, p](c10::ivalue::Future& f) {
       if (f.hasError()) {
         std::string why = "communication error";
         try {
@@ -205,11 +214,11 @@ struct DistributedDataParallel::Impl {
           why = e.what();
         } catch (...) {
         }
-        impl->fail(p, why);
+        comm->fail(p, why);
         return;
       }
       if (p.done->exchange(true)) return;
-      impl->record(p.bucket, true);
+      comm->record(p.bucket, true);
       p.result->markCompleted(f.value());  // the bucket's buffer, reduced in place
     });
     return result;
@@ -268,8 +277,8 @@ struct DistributedDataParallel::Impl {
   void post_forward(const Tensors& outputs) {
     if (!at::GradMode::is_enabled() || !require_sync.load()) return;
     {
-      std::lock_guard<std::mutex> lock(events_mu);
-      events_reset = true;
+      std::lock_guard<std::mutex> lock(comm->events_mu);
+      comm->events_reset = true;
     }
     try {
       reducer->prepare_for_backward(options.find_unused_parameters ? outputs : std::vector<at::Tensor>{});
@@ -282,7 +291,7 @@ struct DistributedDataParallel::Impl {
     {
       std::lock_guard<std::mutex> lock(wd_mu);
       stopping = true;
-      for (const Pending& p : pending) p.done->store(true);  // no one touches their results now
+      for (const CommState::Pending& p : pending) p.done->store(true);  // no one touches their results now
     }
     wd_cv.notify_one();
     if (watchdog.joinable()) watchdog.join();
@@ -314,13 +323,15 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   TORCH_CHECK(pg, kWho, ": expected a process group (torchcompile::init_process_group()), got null");
   TORCH_CHECK(options.bucket_cap_mb > 0, kWho, ": expected bucket_cap_mb > 0, got ", options.bucket_cap_mb);
   Impl& d = *impl_;
-  d.self = impl_;
   d.module = std::move(module);
   d.pg = std::move(pg);
   d.options = options;
   d.timeout = default_timeout(options.timeout);
   d.rank = d.pg->getRank();
   d.world = d.pg->getSize();
+  d.comm->rank = d.rank;
+  d.comm->world = d.world;
+  d.comm->timeout = d.timeout;
 
   for (const auto& item : d.module->named_parameters(/*recurse=*/true)) {
     if (!item.value().requires_grad()) continue;
@@ -350,7 +361,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     for (int r = 0; r < d.world; ++r) all[0].push_back(at::empty({2}, at::kLong));
     std::vector<at::Tensor> in{mine};
     d.pg->allgather(all, in)->wait();
-    for (const at::Tensor& t : all[0]) d.peers.emplace_back(t[0].item<int64_t>(), t[1].item<int64_t>());
+    for (const at::Tensor& t : all[0]) d.comm->peers.emplace_back(t[0].item<int64_t>(), t[1].item<int64_t>());
   }
 
   // Buckets in reverse parameter order (gradients of the last layers are ready first); the first
@@ -417,8 +428,8 @@ std::vector<std::vector<size_t>> DistributedDataParallel::bucket_indices() const
 }
 
 std::vector<DistributedDataParallel::CommEvent> DistributedDataParallel::last_comm_events() const {
-  std::lock_guard<std::mutex> lock(impl_->events_mu);
-  return impl_->events;
+  std::lock_guard<std::mutex> lock(impl_->comm->events_mu);
+  return impl_->comm->events;
 }
 
 }  // namespace torchcompile

@@ -26,6 +26,7 @@
 
 #include "aot/aot_internal.h"
 #include "capture/metadata_at.h"
+#include "compile/autotune.h"
 #include "compile/pipeline.h"
 #include "frontend/script_values.h"
 #include "ir/effects.h"
@@ -1140,7 +1141,9 @@ std::shared_ptr<detail::LoadedState> load_package(const std::string& path, const
 
   // Entries, compiled for this CPU.
   st->backend_name = options.backend;
-  runtime::Loader loader{*st, in, options.backend_fn ? options.backend_fn : lookup_backend(options.backend),
+  runtime::Loader loader{*st, in,
+                         compile_stage::with_mode(options.backend_fn ? options.backend_fn : lookup_backend(options.backend),
+                                                  options.backend, options.mode),
                          options.backend};
   in.expect("entries");
   const size_t ne = in.count();

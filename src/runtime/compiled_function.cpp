@@ -10,6 +10,7 @@
 #include <torchcompile/support/logging.h>
 
 #include "capture/observed.h"
+#include "compile/autotune.h"
 #include "compile/pipeline.h"
 #include "compile/precision.h"
 #include "runtime/dynamic_entry.h"
@@ -105,7 +106,8 @@ CompiledFunction::CompiledFunction(CompileOptions options, std::shared_ptr<torch
   // Resolve now so a misspelt backend name (or a precision this build or CPU cannot give) fails
   // at torch::compile, not at the first call.
   compile_stage::check_precision(options_.precision_options());
-  backend_ = compile_stage::with_precision(resolve_backend(), options_.precision_options());
+  backend_ = compile_stage::with_precision(
+      compile_stage::with_mode(resolve_backend(), options_.backend, options_.mode), options_.precision_options());
 }
 
 CompiledFunction::~CompiledFunction() = default;

@@ -52,6 +52,12 @@ struct CompileOptions {
   /// BFloat16 on a CPU without AVX512-BF16 or AMX: round inputs and weights to bfloat16 and
   /// compute in float32 (the same numbers, slower than float32) instead of refusing to compile.
   bool emulate_precision = false;
+  /// PyTorch's modes (docs/signatures-and-options.md#mode): "default" compiles each graph with
+  /// the backend; "max-autotune" (or "max-autotune-no-cudagraphs") also compiles each inference
+  /// graph with the other built-ins that can run it, times them on the call's inputs and keeps
+  /// the fastest (cached per graph, shapes, ISA and thread count; on disk with
+  /// TORCHCOMPILE_CACHE_DIR). "reduce-overhead" (CUDA graphs in PyTorch) is an error here.
+  std::string mode = "default";
 
   CompileOptions() = default;
   CompileOptions(const char* name) : backend(name) {}
@@ -71,6 +77,7 @@ struct CompileOptions {
   CompileOptions& with_precision(Precision p) { precision = p; return *this; }
   CompileOptions& with_keep_float32(std::vector<std::string> paths) { keep_float32 = std::move(paths); return *this; }
   CompileOptions& with_emulated_precision(bool on = true) { emulate_precision = on; return *this; }
+  CompileOptions& with_mode(std::string m) { mode = std::move(m); return *this; }
 
   /// The fields the precision pass reads.
   PrecisionOptions precision_options() const { return {precision, keep_float32, emulate_precision}; }
