@@ -48,7 +48,7 @@ Runner runner_for(const std::string& model, const std::string& backend) {
   torch::manual_seed(0);
   if (model == "mlp") return make_runner(torchcompile_examples::Mlp(), backend);
   if (model == "wide") return make_runner(WideMlp(), backend);
-  if (model == "cnn") return make_runner(torchcompile_examples::ConvNet(8, 16), backend);
+  if (model == "cnn") return make_runner(torchcompile_examples::ConvNet(), backend);  // M3
   if (model == "unused") return make_runner(WithUnused(), backend);
   std::cerr << "unknown model " << model << "\n";
   std::exit(2);
