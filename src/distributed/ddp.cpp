@@ -268,7 +268,9 @@ struct DistributedDataParallel::Impl {
     } catch (const c10::Error& e) {
       rethrow_unfinished(e);
     }
-    if (options.broadcast_buffers && !buffers.empty() && world > 1) {
+    // Only forwards that train (grad mode on) are collective: every rank makes them. An
+    // evaluation on one rank alone (under torch::NoGradGuard) must not wait for the others.
+    if (grad && options.broadcast_buffers && !buffers.empty() && world > 1) {
       torch::NoGradGuard no_grad;
       c10d::broadcast_coalesced(pg, buffers, kBroadcastBucketBytes, 0);
     }

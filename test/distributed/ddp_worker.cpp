@@ -1,7 +1,8 @@
 // One rank of the data-parallel tests (test_distributed.cpp starts two through
 // torchcompile-launch). Usage: ddp_worker SCENARIO BACKEND MODEL OUTDIR [EXTRA]
 //   train      20 SGD-momentum steps on half of each global batch; writes the parameters after
-//              every step (OUTDIR/rank<R>_step<K>.pt) and, for `overlap`, the communication times
+//              every step (OUTDIR/rank<R>_step<K>.pt) and, for `overlap`, the communication times;
+//              then rank 0 evaluates alone under NoGradGuard
 //   nosync     two steps accumulated under no_sync(), then one synchronised step
 //   unused     a parameter the forward does not use: the error of the next forward
 //   kill       rank 1 kills itself at step 5; rank 0 writes the error it gets
@@ -108,6 +109,12 @@ int main(int argc, char** argv) {
         step_fn(k);
         save_params(out + "/rank" + std::to_string(rank) + "_step" + std::to_string(k) + ".pt", *run.module);
       }
+    }
+    // Rank 0 evaluates alone (grad mode off): nothing collective may happen (the CNN's BatchNorm
+    // buffers are not broadcast), or it would wait for rank 1, which has finished.
+    if (rank == 0) {
+      torch::NoGradGuard no_grad;
+      run.forward(global_batch(model, 0).x);
     }
     if (scenario == "overlap") {
       std::ofstream buckets(out + "/buckets_rank" + std::to_string(rank) + ".txt");

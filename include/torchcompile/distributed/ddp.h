@@ -87,7 +87,8 @@ struct DistributedOptions {
   /// and mark them ready, at the cost of a walk over the autograd graph after every forward.
   /// Off: a parameter without gradient is an error at the next forward, naming it.
   bool find_unused_parameters = false;
-  /// Broadcast rank 0's buffers (BatchNorm's running statistics) before every forward.
+  /// Broadcast rank 0's buffers (BatchNorm's running statistics) before every forward with grad
+  /// mode on (forwards under torch::NoGradGuard, e.g. an evaluation on one rank, do not).
   bool broadcast_buffers = true;
   /// How long a gradient all-reduce may wait for the other ranks before the backward throws,
   /// naming the ranks that are gone. Unset: the TORCHCOMPILE_DIST_TIMEOUT environment
