@@ -134,9 +134,6 @@ struct DistributedDataParallel::Impl {
   std::shared_ptr<torch::nn::Module> module;
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   DistributedOptions options;
-  std::chrono::milliseconds timeout{};
-  int rank = 0;
-  int world = 1;
   std::vector<at::Tensor> params;  // requiring grad, in parameters() order
   std::vector<std::string> names;
   std::vector<at::Tensor> buffers;
@@ -175,8 +172,8 @@ struct DistributedDataParallel::Impl {
       if (!expired.empty()) {
         lock.unlock();
         for (const CommState::Pending& p : expired)
-          comm->fail(p, "it did not complete within the timeout of " + std::to_string(timeout.count() / 1000.0) +
-                            " s");
+          comm->fail(p, "it did not complete within the timeout of " +
+                            std::to_string(comm->timeout.count() / 1000.0) + " s");
         lock.lock();
         continue;
       }
@@ -186,12 +183,12 @@ struct DistributedDataParallel::Impl {
 
   c10::intrusive_ptr<c10::ivalue::Future> allreduce(c10d::GradBucket& bucket) {
     at::Tensor buffer = bucket.getBufferRef();
-    buffer.div_(world);
+    buffer.div_(comm->world);
     const size_t index = bucket.getIndex();
     comm->record(index, false);
     auto result = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
     CommState::Pending p{result.get(), std::make_shared<std::atomic<bool>>(false),
-                         std::chrono::steady_clock::now() + timeout, index};
+                         std::chrono::steady_clock::now() + comm->timeout, index};
     std::vector<at::Tensor> tensors{buffer};
     c10::intrusive_ptr<c10d::Work> work;
     try {
@@ -270,7 +267,7 @@ struct DistributedDataParallel::Impl {
     }
     // Only forwards that train (grad mode on) are collective: every rank makes them. An
     // evaluation on one rank alone (under torch::NoGradGuard) must not wait for the others.
-    if (grad && options.broadcast_buffers && !buffers.empty() && world > 1) {
+    if (grad && options.broadcast_buffers && !buffers.empty() && comm->world > 1) {
       torch::NoGradGuard no_grad;
       c10d::broadcast_coalesced(pg, buffers, kBroadcastBucketBytes, 0);
     }
@@ -328,12 +325,9 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   d.module = std::move(module);
   d.pg = std::move(pg);
   d.options = options;
-  d.timeout = default_timeout(options.timeout);
-  d.rank = d.pg->getRank();
-  d.world = d.pg->getSize();
-  d.comm->rank = d.rank;
-  d.comm->world = d.world;
-  d.comm->timeout = d.timeout;
+  d.comm->timeout = default_timeout(options.timeout);
+  d.comm->rank = d.pg->getRank();
+  d.comm->world = d.pg->getSize();
 
   for (const auto& item : d.module->named_parameters(/*recurse=*/true)) {
     if (!item.value().requires_grad()) continue;
@@ -354,13 +348,13 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     std::vector<at::Tensor> state;
     for (const auto& p : d.module->parameters()) state.push_back(p);
     state.insert(state.end(), d.buffers.begin(), d.buffers.end());
-    if (d.world > 1) c10d::broadcast_coalesced(d.pg, state, kBroadcastBucketBytes, 0);
+    if (d.comm->world > 1) c10d::broadcast_coalesced(d.pg, state, kBroadcastBucketBytes, 0);
   }
   // Every rank's machine and process id, to name a lost rank in errors.
   {
     at::Tensor mine = at::tensor({host_id(), static_cast<int64_t>(getpid())}, at::kLong);
     std::vector<std::vector<at::Tensor>> all(1);
-    for (int r = 0; r < d.world; ++r) all[0].push_back(at::empty({2}, at::kLong));
+    for (int r = 0; r < d.comm->world; ++r) all[0].push_back(at::empty({2}, at::kLong));
     std::vector<at::Tensor> in{mine};
     d.pg->allgather(all, in)->wait();
     for (const at::Tensor& t : all[0]) d.comm->peers.emplace_back(t[0].item<int64_t>(), t[1].item<int64_t>());
@@ -414,8 +408,8 @@ DistributedDataParallel::NoSyncGuard::~NoSyncGuard() { ddp_.impl_->require_sync.
 
 const c10::intrusive_ptr<c10d::ProcessGroup>& DistributedDataParallel::process_group() const { return impl_->pg; }
 torch::nn::Module& DistributedDataParallel::module() const { return *impl_->module; }
-int DistributedDataParallel::rank() const { return impl_->rank; }
-int DistributedDataParallel::world_size() const { return impl_->world; }
+int DistributedDataParallel::rank() const { return impl_->comm->rank; }
+int DistributedDataParallel::world_size() const { return impl_->comm->world; }
 
 std::vector<std::vector<size_t>> DistributedDataParallel::bucket_indices() const {
   std::vector<std::vector<size_t>> out;

@@ -21,12 +21,11 @@
 #include <torchcompile/torchcompile.h>
 
 #include <benchmark/benchmark.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -127,18 +126,6 @@ void command(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, int64_t index, in
   pg->broadcast(t)->wait();
 }
 
-int free_port() {
-  int s = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  bind(s, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-  close(s);
-  return ntohs(a.sin_port);
-}
-
 // The communication floor: one all-reduce of a buffer as large as M1's gradients (2.7 MB) over
 // Gloo on loopback, as DDP's comm hook issues it.
 constexpr int64_t kAllreduceRow = 1000;
@@ -153,9 +140,16 @@ void allreduce(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, at::Tensor& buf
   pg->allreduce(t)->wait();
 }
 
+// Both ranks meet through a file store (no port to pick) and bind Gloo to loopback.
+c10::intrusive_ptr<c10d::ProcessGroup> join() {
+  return torchcompile::init_process_group(torchcompile::ProcessGroupOptions()
+                                              .with_init_method(std::string("file://") + std::getenv("BENCH_DDP_STORE"))
+                                              .with_hostname("127.0.0.1"));
+}
+
 int rank1_main() {
   at::set_num_threads(1);
-  auto pg = torchcompile::init_process_group();
+  auto pg = join();
   auto trainers = build(pg);
   while (true) {
     std::vector<at::Tensor> t{at::empty({2}, at::kLong)};
@@ -175,9 +169,9 @@ int rank1_main() {
 
 int main(int argc, char** argv) {
   if (const char* r = std::getenv("RANK"); r && std::string(r) == "1") return rank1_main();
-  const std::string port = std::to_string(free_port());
-  setenv("MASTER_ADDR", "127.0.0.1", 1);
-  setenv("MASTER_PORT", port.c_str(), 1);
+  const std::string store = "/tmp/bench_ddp_store_" + std::to_string(getpid());
+  std::remove(store.c_str());
+  setenv("BENCH_DDP_STORE", store.c_str(), 1);
   setenv("WORLD_SIZE", "2", 1);
   pid_t child = fork();
   if (child == 0) {
@@ -190,7 +184,7 @@ int main(int argc, char** argv) {
   tc_bench::set_up_context();
   at::set_num_threads(1);
   benchmark::AddCustomContext("threads_per_rank", "1");
-  auto pg = torchcompile::init_process_group();
+  auto pg = join();
   auto trainers = build(pg);
   const auto all = setups();
   for (size_t i = 0; i < all.size(); ++i) {
@@ -246,5 +240,6 @@ int main(int argc, char** argv) {
     }
   int st = 0;
   waitpid(child, &st, 0);
+  std::remove(store.c_str());
   return 0;
 }

@@ -244,8 +244,11 @@ INSTANTIATE_TEST_SUITE_P(Backends, DdpCheckpoint, ::testing::Values("none", "def
 
 c10::intrusive_ptr<c10d::ProcessGroup> world_of_one(const std::string& name) {
   const std::string file = fresh_dir(name) + "/store";
-  return torchcompile::init_process_group(
-      torchcompile::ProcessGroupOptions().with_init_method("file://" + file).with_world_size(1).with_rank(0));
+  return torchcompile::init_process_group(torchcompile::ProcessGroupOptions()
+                                              .with_init_method("file://" + file)
+                                              .with_world_size(1)
+                                              .with_rank(0)
+                                              .with_hostname("127.0.0.1"));
 }
 
 // 10 SGD steps of the wide MLP through `backend` ("none": uncompiled), with or without DDP.
