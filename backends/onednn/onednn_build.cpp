@@ -219,6 +219,7 @@ bool Compiler::emit_group(Group& g) {
       case GroupKind::TrainConv:
       case GroupKind::TrainConvBackward: return emit_train_conv(g);
       case GroupKind::Rnn: return emit_rnn(g);
+      case GroupKind::EmbeddingBag: return emit_embedding_bag(g);
     }
   } catch (const dnnl::error&) {
   }

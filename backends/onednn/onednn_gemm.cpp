@@ -187,9 +187,11 @@ bool Compiler::match_batched(Node* n, Group& g) {
 }
 
 // Run-time rows (Compiler::vary_rows): a 2-D GEMM whose reduced dimension, weight and bias have
-// fixed sizes, its weight prepacked; its source's other dimensions may be symbols.
+// fixed sizes, its weight prepacked; its source's other dimensions may be symbols. An
+// EmbeddingBag's loop takes any sizes.
 std::string Compiler::rows_obstacle_of(const Group& g) const {
   const std::string what = "'" + g.anchor->name() + "' (" + g.anchor->target() + ")";
+  if (g.kind == GroupKind::EmbeddingBag) return "";  // its loop reads the sizes at each call
   if (g.kind != GroupKind::Linear) return what + ": oneDNN builds this primitive for fixed sizes";
   if (!g.weight_attr) return what + ": its weight is not a module attribute";
   auto fixed = [&](const Value& v, size_t from_dim) {

@@ -10,6 +10,8 @@
 //                       Winograd, training convolutions and their backward): match and emit.
 //   onednn_pool.cpp     pooling groups (max, average, global average): match and emit.
 //   onednn_rnn.cpp      LSTM / GRU groups: match, emit, and their step.
+//   onednn_embedding.cpp EmbeddingBag groups (sum / mean, the backend's own loop): match, emit,
+//                       and their step.
 //   onednn_build.cpp    Compiler::build: slots and blocked values, reorders, the ATen steps of
 //                       unmatched nodes, post-op lists, the fallback of a group (make_fallback).
 //   onednn_steps.cpp    what the steps do at run time (MatmulStep, ConvStep, PoolStep, ...).
@@ -125,7 +127,7 @@ struct PostOp {
   Value other;  // is_add: the residual
 };
 
-enum class GroupKind { Linear, Batched, Conv, Pool, TrainConv, TrainConvBackward, Rnn };
+enum class GroupKind { Linear, Batched, Conv, Pool, TrainConv, TrainConvBackward, Rnn, EmbeddingBag };
 
 /// An eval BatchNorm folded into a convolution's prepacked weights and bias.
 struct FoldedBatchNorm {
@@ -174,6 +176,10 @@ struct Group {
   // ---- Rnn: the layer's shape and parameters; the initial states (c0: LSTM only).
   RnnSpec rnn;
   std::optional<Value> h0, c0;
+  // ---- EmbeddingBag: `src` is the weight; mode mean (else sum)
+  bool bag_mean = false;
+  bool include_last_offset = false;
+  int64_t padding_idx = -1;
 };
 
 /// The group's label in Compiled::fused, with its first `kept` post-ops.
@@ -351,6 +357,21 @@ struct TConvStep : Step {
   void run(Ctx& c) const override;
 };
 
+/// An EmbeddingBag of mode sum or mean without per-sample weights (onednn_embedding.cpp): the
+/// backend's own loop (ScanKernels::bag_reduce) over int64 indices and offsets, its result a new
+/// (bags x dim) tensor. Inputs it does not handle (other dtypes, a weight whose rows are not
+/// contiguous, offsets that are not non-decreasing within the indices, an index out of range)
+/// run ATen's operator instead, which computes or rejects them as eager does.
+struct EmbeddingBagStep : Step {
+  uint32_t weight = 0, indices = 0, offsets = 0, out = 0;
+  bool mean = false;
+  bool include_last_offset = false;
+  int64_t padding_idx = -1;
+  const ScanKernels* kernels = nullptr;
+  std::optional<ir::OpStep> aten;  // the node itself, writing all its results
+  void run(Ctx& c) const override;
+};
+
 struct PoolStep : Step {
   dnnl::primitive prim;
   ActIn src;
@@ -431,6 +452,7 @@ class Compiler {
   bool match_pool(Node* n, Group& g);
   bool match_train_conv(Node* n, Group& g);
   bool match_rnn(Node* n, Group& g);
+  bool match_embedding_bag(Node* n, Group& g);
   void extend_chain(Group& g);
   bool sole_use(const Value& v, ir::Use* use) const;
   bool claimed(const Node* n) const { return claimed_.count(n) != 0; }
@@ -451,6 +473,7 @@ class Compiler {
   bool emit_pool(Group& g);
   bool emit_train_conv(Group& g);
   bool emit_rnn(Group& g);
+  bool emit_embedding_bag(Group& g);
   bool keep_blocked(const Value& v) const;
   PlainIn plain_in(const Value& v);
   // Where a conv / pool reads `v`: its blocked buffer, or its plain slot (appended to `reads`).

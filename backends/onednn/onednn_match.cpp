@@ -173,6 +173,7 @@ std::string make_label(const Group& g, size_t kept) {
     case GroupKind::Rnn:
       return std::string(g.rnn.gru ? "gru" : "lstm") + " (" + std::to_string(g.rnn.layers) + " layer" +
              (g.rnn.layers > 1 ? "s" : "") + (g.rnn.dirs == 2 ? ", bidirectional" : "") + ")";
+    case GroupKind::EmbeddingBag: return std::string("embedding_bag (") + (g.bag_mean ? "mean" : "sum") + ")";
   }
   if (g.bias || g.conv_bias_attr) s += "+bias";
   if (g.bn) s += "+bn";
@@ -286,7 +287,7 @@ void Compiler::match() {
     bool ok = false;
     // Each matcher checks the exact operator and its arguments; the kind picks the matcher.
     switch (ir::node_properties(*n).kind) {
-      case ir::OpKind::Other: ok = match_rnn(n, *g); break;
+      case ir::OpKind::Other: ok = match_rnn(n, *g) || match_embedding_bag(n, *g); break;
       case ir::OpKind::Gemm: ok = match_linear(n, *g) || match_batched(n, *g); break;
       case ir::OpKind::Convolution: ok = match_conv(n, *g) || match_train_conv(n, *g); break;
       case ir::OpKind::Pooling:

@@ -1,6 +1,7 @@
 // Private to the onednn backend: its own loops, compiled once per ISA like the fused backend's
-// kernels: the NaN / infinity scan that AtenFallback's checks and the weight packing run, and the
-// gather of a transposed convolution computed as a GEMM (TConvStep). The files
+// kernels: the NaN / infinity scan that AtenFallback's checks and the weight packing run, the
+// gather of a transposed convolution computed as a GEMM (TConvStep), and an EmbeddingBag's sums
+// (EmbeddingBagStep). The files
 // onednn_scan_avx512.cpp, onednn_scan_avx2.cpp and onednn_scan_sse2.cpp include
 // onednn_scan_impl.h with their ISA's compiler flags (CMakeLists.txt), and onednn_scan.cpp picks
 // one from the CPU and TORCHCOMPILE_ISA. No LibTorch header here or in the per-ISA files (an
@@ -31,6 +32,20 @@ struct Col2im {
   bool nchw = false;  // the output in NCHW layout (through `scratch`); else channels-last (NHWC)
 };
 
+/// An EmbeddingBag of mode sum or mean (EmbeddingBagStep): bag b is the rows `indices[t]` of the
+/// (rows x dim) `weight` for t in [offsets[b], end), end being offsets[b + 1], or for the last
+/// bag `last_end`; rows equal to `padding_idx` (when it is >= 0) are skipped. The sum runs in
+/// index order from zero, as ATen's; a mean divides by the rows summed (1 if none).
+struct BagReduce {
+  const float* weight = nullptr;
+  int64_t rows = 0, dim = 0, row_stride = 0;
+  const int64_t* indices = nullptr;
+  const int64_t* offsets = nullptr;
+  int64_t bags = 0, last_end = 0;
+  int64_t padding_idx = -1;
+  bool mean = false;
+};
+
 /// The loops compiled for one ISA.
 struct ScanKernels {
   const char* name;  // "avx512", "avx2" or "scalar (sse2)" (the fused backend's names)
@@ -40,6 +55,9 @@ struct ScanKernels {
   /// `scratch` holds OW x OC floats (used for an NCHW output).
   void (*col2im)(const float* cols, const float* bias, float* out, float* scratch, const Col2im& s, int64_t r0,
                  int64_t r1);
+  /// Bags [b0, b1) of `s` into rows [b0, b1) of the contiguous (bags x dim) `out`. Returns -1,
+  /// or the position in `indices` of an index outside [0, rows) (that bag is left unfinished).
+  int64_t (*bag_reduce)(const BagReduce& s, float* out, int64_t b0, int64_t b1);
 };
 
 const ScanKernels& scan_kernels_avx512();

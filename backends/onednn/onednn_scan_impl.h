@@ -1,6 +1,6 @@
-// The onednn backend's own loops (the NaN / infinity scan, a transposed convolution's gather),
-// compiled once per ISA: onednn_scan_avx512.cpp,
-// onednn_scan_avx2.cpp and onednn_scan_sse2.cpp each define TC_ONEDNN_SCAN_KERNELS (the name of
+// The onednn backend's own loops (the NaN / infinity scan, a transposed convolution's gather, an
+// EmbeddingBag's sums), compiled once per ISA: onednn_scan_avx512.cpp, onednn_scan_avx2.cpp and
+// onednn_scan_sse2.cpp each define TC_ONEDNN_SCAN_KERNELS (the name of
 // the function returning the ISA's table) and TC_ONEDNN_SCAN_NAME, and include this file with
 // their ISA's compiler flags (CMakeLists.txt). The loops have internal linkage, so the linker
 // never merges the three copies; they call no inline function of a library header.
@@ -70,10 +70,32 @@ void col2im(const float* cols, const float* bias, float* out, float* scratch, co
   }
 }
 
+int64_t bag_reduce(const BagReduce& s, float* out, int64_t b0, int64_t b1) {
+  const int64_t D = s.dim;
+  for (int64_t b = b0; b < b1; ++b) {
+    float* __restrict acc = out + b * D;
+    for (int64_t q = 0; q < D; ++q) acc[q] = 0.f;
+    const int64_t begin = s.offsets[b], end = b + 1 < s.bags ? s.offsets[b + 1] : s.last_end;
+    int64_t summed = 0;
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t row = s.indices[t];
+      if (static_cast<uint64_t>(row) >= static_cast<uint64_t>(s.rows)) return t;
+      if (row == s.padding_idx) continue;
+      add_to(acc, s.weight + row * s.row_stride, D);
+      ++summed;
+    }
+    if (s.mean) {
+      const float count = static_cast<float>(summed > 0 ? summed : 1);
+      for (int64_t q = 0; q < D; ++q) acc[q] /= count;
+    }
+  }
+  return -1;
+}
+
 }  // namespace
 
 const ScanKernels& TC_ONEDNN_SCAN_KERNELS() {
-  static constexpr ScanKernels kernels{TC_ONEDNN_SCAN_NAME, &magnitude_above, &col2im};
+  static constexpr ScanKernels kernels{TC_ONEDNN_SCAN_NAME, &magnitude_above, &col2im, &bag_reduce};
   return kernels;
 }
 

@@ -1581,3 +1581,150 @@ TEST(OneDnnBackend, CompiledCallsFollowTheIntraOpThreadCount) {
     EXPECT_EQ(busy_threads([&] { fast(x); }), 2) << backend << " back at 2 threads";
   }
 }
+
+// ---- EmbeddingBag -------------------------------------------------------------------------------
+
+// torch::embedding_bag with the given settings over the module's table, optionally followed by
+// a Linear (one program: the bags' sums feed the GEMM).
+struct BagModule : torch::nn::Module {
+  BagModule(int64_t rows, int64_t dim, int64_t mode, bool include_last, std::optional<int64_t> padding, bool linear)
+      : mode(mode), include_last(include_last), padding(padding) {
+    weight = register_parameter("weight", torch::randn({rows, dim}));
+    if (linear) fc = register_module("fc", torch::nn::Linear(dim, 5));
+  }
+  torch::Tensor forward(torch::Tensor indices, torch::Tensor offsets) {
+    torch::Tensor y = std::get<0>(torch::embedding_bag(weight, indices, offsets, /*scale_grad_by_freq=*/false, mode,
+                                                       /*sparse=*/false, /*per_sample_weights=*/{}, include_last,
+                                                       padding ? c10::optional<int64_t>(*padding) : c10::nullopt));
+    return fc ? fc->forward(y) : y;
+  }
+  int64_t mode;
+  bool include_last;
+  std::optional<int64_t> padding;
+  torch::Tensor weight;
+  torch::nn::Linear fc{nullptr};
+};
+
+// `bags` bags of 0-`max_len` indices into `rows` rows (a quarter of them `padding` when given):
+// (indices, offsets), offsets with the end appended when `include_last`.
+std::pair<torch::Tensor, torch::Tensor> random_bags(std::mt19937& rng, int64_t bags, int64_t max_len, int64_t rows,
+                                                    bool include_last, std::optional<int64_t> padding) {
+  std::vector<int64_t> indices, offsets;
+  for (int64_t b = 0; b < bags; ++b) {
+    offsets.push_back(static_cast<int64_t>(indices.size()));
+    const int64_t len = std::uniform_int_distribution<int64_t>(0, max_len)(rng);
+    for (int64_t t = 0; t < len; ++t)
+      indices.push_back(padding && rng() % 4 == 0 ? *padding : std::uniform_int_distribution<int64_t>(0, rows - 1)(rng));
+  }
+  if (include_last) offsets.push_back(static_cast<int64_t>(indices.size()));
+  return {torch::tensor(indices, torch::kLong), torch::tensor(offsets, torch::kLong)};
+}
+
+// Random tables, modes (sum, mean), include_last_offset, padding rows, empty bags and bag counts
+// (up to 3000 bags: the parallel loop): the backend's own loop gives eager's bits, alone and
+// before a Linear; each configuration is compiled as one embedding_bag group.
+TEST(OneDnnBackend, RandomEmbeddingBagsMatchEagerBitForBit) {
+  torch::NoGradGuard no_grad;
+  std::mt19937 rng(71);
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
+  const int64_t dims[] = {1, 3, 16, 32, 33, 100};
+  for (int config = 0; config < 40; ++config) {
+    torch::manual_seed(config);
+    const int64_t rows = 2 + pick(300), dim = dims[pick(6)], mode = pick(2);
+    const bool include_last = pick(2), linear = pick(3) == 0;
+    std::optional<int64_t> padding;
+    if (pick(3) == 0) padding = pick(static_cast<int>(rows));
+    auto m = std::make_shared<BagModule>(rows, dim, mode, include_last, padding, linear);
+    m->eval();
+    Recorder r;
+    auto fast = torch::compile(m, opts(r).with_dynamic(false));
+    const std::string where = "config " + std::to_string(config) + ": rows " + std::to_string(rows) + ", dim " +
+                              std::to_string(dim) + ", mode " + std::to_string(mode) + ", include_last " +
+                              std::to_string(include_last) + ", padding " + (padding ? std::to_string(*padding) : "none");
+    for (int call = 0; call < 4; ++call) {
+      const int64_t bags = call == 3 && config % 4 == 0 ? 3000 : pick(40);
+      auto [indices, offsets] = random_bags(rng, bags, pick(2) ? 12 : 2, rows, include_last, padding);
+      if (include_last && offsets.numel() == 0) continue;
+      torch::Tensor expected = m->forward(indices, offsets);
+      fast(indices, offsets);  // new sizes: traced (the tracing call's result is eager's)
+      torch::Tensor actual = fast(indices, offsets);
+      if (linear) {
+        EXPECT_TRUE(tc_test::tensors_close(expected, actual, kRtol, kAtol)) << where << ", " << bags << " bags";
+      } else {
+        ASSERT_TRUE(torch::equal(expected, actual)) << where << ", " << bags << " bags: max difference "
+                                                    << (expected - actual).abs().max().item<float>();
+      }
+    }
+    for (const auto& e : *r.entries)
+      EXPECT_EQ(e.fused.front(), std::string("embedding_bag (") + (mode ? "mean" : "sum") + ")") << where;
+    EXPECT_FALSE(r.entries->empty()) << where;
+  }
+}
+
+// What the loop does not take runs ATen's operator in the program, as eager: int32 indices (not
+// matched), offsets out of order, and an index out of range (ATen's error, from the compiled call).
+TEST(OneDnnBackend, EmbeddingBagInputsTheLoopDoesNotTakeAreATens) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(3);
+  auto m = std::make_shared<BagModule>(10, 8, /*mode=*/1, false, std::nullopt, false);
+  Recorder r;
+  auto fast = torch::compile(m, opts(r).with_dynamic(false));
+  auto indices = torch::tensor({1, 2, 3, 4, 5, 6}, torch::kLong);
+  auto offsets = torch::tensor({0, 2, 5}, torch::kLong);
+  fast(indices, offsets);  // traced: the compiled program runs from the second call
+  EXPECT_TRUE(torch::equal(fast(indices, offsets), m->forward(indices, offsets)));
+  EXPECT_EQ(r.fused(), std::vector<std::string>{"embedding_bag (mean)"});
+  // Offsets out of order: ATen's error (an index past the end of a bag, for LibTorch 1.13).
+  auto unordered = torch::tensor({0, 4, 2}, torch::kLong);
+  bool eager_throws = false;
+  torch::Tensor eager_result;
+  try {
+    eager_result = m->forward(indices, unordered);
+  } catch (const c10::Error&) {
+    eager_throws = true;
+  }
+  if (eager_throws) {
+    EXPECT_THROW(fast(indices, unordered), c10::Error);
+  } else {
+    EXPECT_TRUE(torch::equal(fast(indices, unordered), eager_result));
+  }
+  // An index out of range: ATen's error.
+  auto bad = torch::tensor({1, 2, 3, 10, 5, 6}, torch::kLong);
+  EXPECT_THROW(m->forward(bad, offsets), c10::Error);
+  EXPECT_THROW(fast(bad, offsets), c10::Error);
+  // int32 indices and offsets: ATen's operator.
+  Recorder r32;
+  auto fast32 = torch::compile(m, opts(r32).with_dynamic(false));
+  auto i32 = indices.to(torch::kInt), o32 = offsets.to(torch::kInt);
+  fast32(i32, o32);
+  EXPECT_TRUE(torch::equal(fast32(i32, o32), m->forward(i32, o32)));
+  for (const auto& e : *r32.entries) EXPECT_TRUE(e.declined) << e.reason;
+}
+
+// With size symbols for the indices and the bags, `onednn` and `default` keep one program for
+// every size: nothing is built at a new size.
+TEST(OneDnnBackend, EmbeddingBagThenLinearIsOneProgramForEverySize) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(5);
+  std::mt19937 rng(7);
+  auto m = std::make_shared<BagModule>(100, 32, /*mode=*/1, false, std::nullopt, true);
+  m->eval();
+  for (const char* backend : {"onednn", "default"}) {
+    torchcompile::logging::set_logs("dynamic");
+    ::testing::internal::CaptureStderr();
+    std::string failure;
+    {
+      auto fast = torch::compile(m, torchcompile::CompileOptions(backend).with_dynamic(true));
+      for (int call = 0; call < 12 && failure.empty(); ++call) {
+        auto [indices, offsets] = random_bags(rng, 2 + static_cast<int64_t>(rng() % 40), 9, 100, false, std::nullopt);
+        auto close = tc_test::tensors_close(m->forward(indices, offsets), fast(indices, offsets), kRtol, kAtol);
+        if (!close) failure = std::string(backend) + ", call " + std::to_string(call) + ": " + close.message();
+      }
+    }
+    const std::string log = ::testing::internal::GetCapturedStderr();
+    torchcompile::logging::set_logs("");
+    ASSERT_TRUE(failure.empty()) << failure;
+    EXPECT_THAT(log, ::testing::HasSubstr("onednn: one program for every size")) << backend << "\n" << log;
+    EXPECT_THAT(log, ::testing::Not(::testing::HasSubstr("compile_per_shape: new sizes"))) << backend << "\n" << log;
+  }
+}
