@@ -594,10 +594,9 @@ TEST_P(DynamicBackends, EmbeddingBagServingGivesEagerResultsAndCompilesAtMostThr
   }
 }
 
-// `default` splits a graph with size symbols once, each part keeping the symbols it uses: a new
-// number of tokens (only the embedding_bag, which the interpreter runs, sees it) builds nothing,
-// and neither does a new number of bags: the Linear's oneDNN part is one program whose GEMM takes
-// its rows at each call.
+// `default` gives a graph with size symbols to its parts once: a new number of tokens or of bags
+// builds nothing: the oneDNN part (the embedding_bag as the backend's own loop, then the Linear)
+// is one program whose loop reads the sizes and whose GEMM takes its rows at each call.
 TEST(Dynamic, DefaultBuildsOnlyThePartsWhoseSizesChanged) {
   torch::NoGradGuard no_grad;
   torch::manual_seed(29);
