@@ -259,7 +259,7 @@ std::string serve_all_sizes(Segment& root, DynamicPlan plan, std::shared_ptr<Gra
   auto shapes = std::make_shared<ShapeSpecializations>(std::move(plan), std::move(generic), backend, backend_name,
                                                        owner, std::move(root.fn), symbolic, static_reason);
   root.dynamic = shapes;
-  root.fn = [shapes](std::vector<at::Tensor> inputs) { return (*shapes)(std::move(inputs)); };
+  root.fn = ShapeSpecializations::entry_function(shapes);
   return "";
 }
 

@@ -296,6 +296,7 @@ ShapeSpecializations::ShapeSpecializations(DynamicPlan plan, std::shared_ptr<Gra
     return;
   }
   all_sizes_ = std::make_shared<const CompiledFn>(std::move(first));
+  for (const SizeSymbol& sym : plan_.symbols) symbol_dims_.emplace_back(sym.input, sym.dim);
   for (const auto& n : generic_->graph().nodes()) {
     if (n->kind() != ir::NodeKind::Output) continue;
     for (const ir::Argument& a : n->args())
@@ -328,44 +329,81 @@ ShapeSpecializations::ShapeSpecializations(DynamicPlan plan, std::shared_ptr<Gra
 
 size_t ShapeSpecializations::num_specializations() const { return symbolic_ ? 1 : compiled_.size(); }
 
-void ShapeSpecializations::check_result_sizes(const SizeKey& key, const std::vector<at::Tensor>& outputs) const {
-  if (outputs.size() != result_sizes_.size()) return;  // the output spec checks the count
-  auto value = [&](const std::string& name) -> int64_t {
-    for (size_t k = 0; k < plan_.symbols.size(); ++k)
-      if (plan_.symbols[k].name == name) return key[k];
-    TORCH_INTERNAL_ASSERT(false, "unknown size symbol ", name);
-  };
+bool ShapeSpecializations::result_sizes_match(const int64_t* key, const std::vector<at::Tensor>& outputs) const {
+  if (outputs.size() != result_sizes_.size()) return true;  // the output spec checks the count
   for (size_t i = 0; i < outputs.size(); ++i) {
+    const size_t rank = result_dims_[i].size();
+    if (rank == 0 || !outputs[i].defined()) continue;
+    const c10::IntArrayRef sizes = outputs[i].unsafeGetTensorImpl()->sizes();
+    if (sizes.size() != rank) return false;
+    const ResultDim* dims = result_dims_[i].data();
+    for (size_t d = 0; d < rank; ++d) {
+      int64_t want;
+      switch (dims[d].kind) {
+        case ResultDim::Symbol: want = key[dims[d].value]; break;
+        case ResultDim::Constant: want = dims[d].value; break;
+        default: want = result_sizes_[i][d].evaluate([&](const std::string& name) { return key[symbol_index(name)]; });
+      }
+      if (sizes[d] != want) return false;
+    }
+  }
+  return true;
+}
+
+size_t ShapeSpecializations::symbol_index(const std::string& name) const {
+  for (size_t k = 0; k < plan_.symbols.size(); ++k)
+    if (plan_.symbols[k].name == name) return k;
+  TORCH_INTERNAL_ASSERT(false, "unknown size symbol ", name);
+}
+
+void ShapeSpecializations::result_sizes_error(const int64_t* key, const std::vector<at::Tensor>& outputs) const {
+  auto value = [&](const std::string& name) { return key[symbol_index(name)]; };
+  const SizeKey values(key, key + plan_.symbols.size());
+  for (size_t i = 0; i < outputs.size() && i < result_sizes_.size(); ++i) {
     const std::vector<ir::SymExpr>& expected = result_sizes_[i];
     if (!outputs[i].defined() || expected.empty()) continue;
     bool same = static_cast<size_t>(outputs[i].dim()) == expected.size();
-    const c10::IntArrayRef sizes = outputs[i].sizes();
-    for (size_t d = 0; same && d < expected.size(); ++d) {
-      const ResultDim& dim = result_dims_[i][d];
-      switch (dim.kind) {
-        case ResultDim::Symbol: same = key[static_cast<size_t>(dim.value)] == sizes[d]; break;
-        case ResultDim::Constant: same = dim.value == sizes[d]; break;
-        case ResultDim::Expression: same = expected[d].evaluate(value) == sizes[d]; break;
-      }
-    }
+    for (size_t d = 0; same && d < expected.size(); ++d) same = expected[d].evaluate(value) == outputs[i].size(d);
     if (same) continue;
     std::string want;
     for (size_t d = 0; d < expected.size(); ++d)
       want += (d ? ", " : "") + expected[d].str() + "=" + std::to_string(expected[d].evaluate(value));
     TORCH_CHECK(false, "torch::compile(", owner_, "): backend '", backend_name_, "' compiled a graph with size symbols, ",
-                "but with ", plan_.key_str(key), " its result ", i, " has sizes ", outputs[i].sizes(),
+                "but with ", plan_.key_str(values), " its result ", i, " has sizes ", outputs[i].sizes(),
                 " where the graph says [", want, "]. A backend that compiles for the example sizes must return ",
                 "torchcompile::compile_per_shape(...) or decline graphs with symbols (backends/backend.h)");
   }
+  TORCH_INTERNAL_ASSERT(false, "result_sizes_error: every result has the sizes of the graph's expressions");
+}
+
+std::vector<at::Tensor> ShapeSpecializations::run_symbolic(const CompiledFn& fn, std::vector<at::Tensor> inputs) const {
+  // The symbols' values, read before the inputs move into the compiled function.
+  constexpr size_t kOnStack = 8;
+  int64_t on_stack[kOnStack];
+  SizeKey more;
+  int64_t* key = on_stack;
+  if (C10_UNLIKELY(symbol_dims_.size() > kOnStack)) {
+    more.resize(symbol_dims_.size());
+    key = more.data();
+  }
+  for (size_t k = 0; k < symbol_dims_.size(); ++k)
+    key[k] = inputs[symbol_dims_[k].first].unsafeGetTensorImpl()->sizes()[symbol_dims_[k].second];
+  std::vector<at::Tensor> outputs = fn(std::move(inputs));
+  if (C10_UNLIKELY(!result_sizes_match(key, outputs))) result_sizes_error(key, outputs);
+  return outputs;
+}
+
+CompiledFn ShapeSpecializations::entry_function(const std::shared_ptr<ShapeSpecializations>& self) {
+  if (!self->symbolic_) return [self](std::vector<at::Tensor> inputs) { return (*self)(std::move(inputs)); };
+  // Every call runs the one compiled function: no lookup, no lock, one std::function less.
+  return [self, fn = self->all_sizes_](std::vector<at::Tensor> inputs) {
+    return self->run_symbolic(*fn, std::move(inputs));
+  };
 }
 
 std::vector<at::Tensor> ShapeSpecializations::operator()(std::vector<at::Tensor> inputs) {
+  if (symbolic_) return run_symbolic(*all_sizes_, std::move(inputs));
   const SizeKey key = plan_.key_of(inputs);
-  if (symbolic_) {
-    std::vector<at::Tensor> outputs = (*all_sizes_)(std::move(inputs));
-    check_result_sizes(key, outputs);
-    return outputs;
-  }
   if (auto fn = compiled_.find(key)) return (*fn)(std::move(inputs));
   // One specialization at a time; a thread that waited may find its sizes compiled.
   std::lock_guard<std::mutex> one_at_a_time(specialize_mutex_);

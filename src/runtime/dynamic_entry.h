@@ -230,6 +230,9 @@ class ShapeSpecializations {
 
   /// Run the graph on `inputs` (the entry's guards passed).
   std::vector<at::Tensor> operator()(std::vector<at::Tensor> inputs);
+  /// The entry's function: operator() of `self`, or for a symbolic graph its compiled function
+  /// and the check of the results' sizes, called directly.
+  static CompiledFn entry_function(const std::shared_ptr<ShapeSpecializations>& self);
 
   const DynamicPlan& plan() const { return plan_; }
   /// The graph as captured, for explain.
@@ -253,8 +256,14 @@ class ShapeSpecializations {
   Backend backend_;
   std::string backend_name_;
   std::string owner_;
-  // Throws if a result's sizes are not those the graph's expressions give for these values.
-  void check_result_sizes(const SizeKey& key, const std::vector<at::Tensor>& outputs) const;
+  // Whether each result's sizes are those the graph's expressions give for the symbols' values
+  // `key` (in symbol order); the error saying which is not (throws).
+  bool result_sizes_match(const int64_t* key, const std::vector<at::Tensor>& outputs) const;
+  [[noreturn]] void result_sizes_error(const int64_t* key, const std::vector<at::Tensor>& outputs) const;
+  size_t symbol_index(const std::string& name) const;
+  // symbolic: `fn` (all_sizes_) on `inputs`, its results' sizes checked.
+  std::vector<at::Tensor> run_symbolic(const CompiledFn& fn, std::vector<at::Tensor> inputs) const;
+  std::vector<std::pair<uint32_t, uint32_t>> symbol_dims_;  // symbolic: each symbol's (input, dim)
 
   std::mutex specialize_mutex_;  // one specialization at a time
   BySize<std::shared_ptr<const CompiledFn>> compiled_;

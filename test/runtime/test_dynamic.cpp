@@ -178,6 +178,34 @@ TEST(Dynamic, OneTraceServesEverySizeWithTheBackendCalledOnce) {
   EXPECT_NE(cc.graphs()[0].find("%arg0 : f32[s0, s1]{s1, 1} = placeholder"), std::string::npos) << cc.graphs()[0];
 }
 
+// A backend that compiles a graph with size symbols for its example sizes only (it returns a
+// result of those sizes whatever it is given) is caught at the first call at other sizes: an
+// error naming the backend, the sizes and what the graph's expressions say, not a wrong result.
+TEST(Dynamic, BackendIgnoringTheSymbolsIsAnErrorAtOtherSizes) {
+  torch::NoGradGuard no_grad;
+  torchcompile::Backend for_example_sizes = [](torchcompile::GraphModule& gm, const std::vector<torch::Tensor>& ex) {
+    const std::vector<torch::Tensor> at_example = gm.forward(ex);
+    return torchcompile::CompiledFn([at_example](std::vector<torch::Tensor>) {
+      std::vector<torch::Tensor> out;
+      for (const auto& t : at_example) out.push_back(t.clone());
+      return out;
+    });
+  };
+  auto fast = torch::compile([](torch::Tensor a) { return a * 2; },
+                             torchcompile::CompileOptions(for_example_sizes).with_dynamic(true));
+  auto a = torch::randn({4, 3});
+  fast(a);
+  EXPECT_TRUE(tensors_close(fast(a), a * 2));  // at the example sizes
+  try {
+    fast(torch::randn({6, 3}));
+    ADD_FAILURE() << "expected an error";
+  } catch (const c10::Error& e) {
+    const std::string msg = e.what_without_backtrace();
+    EXPECT_THAT(msg, ::testing::HasSubstr("compiled a graph with size symbols, but with s0=6"));
+    EXPECT_THAT(msg, ::testing::HasSubstr("has sizes [4, 3] where the graph says [s0=6, s1=3]"));
+  }
+}
+
 // A backend registered by name that counts its calls, around a built-in one.
 struct CountingBackend {
   std::shared_ptr<std::atomic<int>> calls = std::make_shared<std::atomic<int>>(0);
