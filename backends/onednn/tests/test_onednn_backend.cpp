@@ -1346,6 +1346,16 @@ TEST(OneDnnBackend, RnnFourThreadsAtOnceMatchEager) {
   EXPECT_EQ(r.fused(), (std::vector<std::string>{"lstm (2 layers, bidirectional)", "gru (1 layer)"}));
 }
 
+// What `body` logs under TORCHCOMPILE_LOGS=dynamic (its stderr).
+std::string dynamic_log_of(const std::function<void()>& body) {
+  torchcompile::logging::set_logs("dynamic");
+  ::testing::internal::CaptureStderr();
+  body();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  torchcompile::logging::set_logs("");
+  return log;
+}
+
 // A graph with size symbols whose GEMMs' rows vary (the batch, or batch and sequence of a 3-D
 // input) gets one program for every size (oneDNN matmuls with run-time rows): random stacks of
 // Linear layers with fused activations, residual adds (not fused with run-time rows) and NaNs,
@@ -1387,10 +1397,8 @@ TEST(OneDnnBackend, GemmsWithRunTimeRowsServeEverySizeAsEager) {
     };
     m->eval();
     for (const char* backend : {"onednn", "default"}) {
-      torchcompile::logging::set_logs("dynamic");
-      ::testing::internal::CaptureStderr();
       std::string failure;
-      {
+      const std::string log = dynamic_log_of([&] {
         auto fast = torch::compile(m, torchcompile::CompileOptions(backend).with_dynamic(true));
         for (int call = 0; call < 8 && failure.empty(); ++call) {
           const int64_t rows = call == 0 ? 6 : pick(3) == 0 ? 6 : 1 + pick(40);
@@ -1404,9 +1412,7 @@ TEST(OneDnnBackend, GemmsWithRunTimeRowsServeEverySizeAsEager) {
             failure = std::string(backend) + ", program " + std::to_string(program) + ", call " +
                       std::to_string(call) + ", sizes " + c10::str(x.sizes()) + ": " + close.message();
         }
-      }
-      const std::string log = ::testing::internal::GetCapturedStderr();
-      torchcompile::logging::set_logs("");
+      });
       ASSERT_TRUE(failure.empty()) << failure;
       EXPECT_THAT(log, ::testing::HasSubstr("onednn: one program for every size")) << backend << ", program " << program;
       EXPECT_THAT(log, ::testing::Not(::testing::HasSubstr("compile_per_shape: new sizes")))
@@ -1710,19 +1716,15 @@ TEST(OneDnnBackend, EmbeddingBagThenLinearIsOneProgramForEverySize) {
   auto m = std::make_shared<BagModule>(100, 32, /*mode=*/1, false, std::nullopt, true);
   m->eval();
   for (const char* backend : {"onednn", "default"}) {
-    torchcompile::logging::set_logs("dynamic");
-    ::testing::internal::CaptureStderr();
     std::string failure;
-    {
+    const std::string log = dynamic_log_of([&] {
       auto fast = torch::compile(m, torchcompile::CompileOptions(backend).with_dynamic(true));
       for (int call = 0; call < 12 && failure.empty(); ++call) {
         auto [indices, offsets] = random_bags(rng, 2 + static_cast<int64_t>(rng() % 40), 9, 100, false, std::nullopt);
         auto close = tc_test::tensors_close(m->forward(indices, offsets), fast(indices, offsets), kRtol, kAtol);
         if (!close) failure = std::string(backend) + ", call " + std::to_string(call) + ": " + close.message();
       }
-    }
-    const std::string log = ::testing::internal::GetCapturedStderr();
-    torchcompile::logging::set_logs("");
+    });
     ASSERT_TRUE(failure.empty()) << failure;
     EXPECT_THAT(log, ::testing::HasSubstr("onednn: one program for every size")) << backend << "\n" << log;
     EXPECT_THAT(log, ::testing::Not(::testing::HasSubstr("compile_per_shape: new sizes"))) << backend << "\n" << log;
