@@ -149,11 +149,16 @@ void Compiler::emit_node(Node* n) {
   }
 }
 
-void Compiler::emit_aten(Node* n) {
+ir::OpStep Compiler::op_step(Node* n) {
   std::vector<uint32_t> outs;
   for (size_t i = 0; i < n->num_outputs(); ++i) outs.push_back(new_slot());
   ir::OpStep call(*n, [&](const ir::Value& v) { return plain(v); }, outs);
   for (size_t i = 0; i < n->num_outputs(); ++i) locs_[n->output(i)] = slot_loc(outs[i]);
+  return call;
+}
+
+void Compiler::emit_aten(Node* n) {
+  ir::OpStep call = op_step(n);
   std::vector<uint32_t> reads = call.reads();
   push(std::make_unique<AtenStep>(std::move(call)), std::move(reads));
 }

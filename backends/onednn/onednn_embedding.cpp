@@ -78,11 +78,8 @@ bool Compiler::emit_embedding_bag(Group& g) {
   s->weight = plain(g.src);
   s->indices = plain(*value_arg(n, 1));
   s->offsets = plain(*value_arg(n, 2));
-  std::vector<uint32_t> outs;
-  for (size_t i = 0; i < n->num_outputs(); ++i) outs.push_back(new_slot());
-  s->aten.emplace(*n, [&](const Value& v) { return plain(v); }, outs);
-  for (size_t i = 0; i < n->num_outputs(); ++i) locs_[n->output(i)] = slot_loc(outs[i]);
-  s->out = outs[0];
+  s->aten.emplace(op_step(n));
+  s->out = s->aten->out_slots().at(0);
   s->mean = g.bag_mean;
   s->include_last_offset = g.include_last_offset;
   s->padding_idx = g.padding_idx;

@@ -465,6 +465,8 @@ class Compiler {
   uint32_t new_slot() { return static_cast<uint32_t>(prog_->num_slots++); }
   uint32_t plain(const Value& v);
   void emit_node(Node* n);
+  // The ATen call of `n` over new slots for its outputs (which become their locations).
+  ir::OpStep op_step(Node* n);
   void emit_aten(Node* n);
   bool emit_group(Group& g);
   bool emit_linear(Group& g, bool batched);
