@@ -386,7 +386,20 @@ const char* const kInvalid = "invalid";
 // `int8`: programs with Linears (Generator's `linear`), compiled with Precision::Int8Dynamic; the
 // oracle is eager with int8-dynamic's arithmetic done in float32 (FuzzNet::fake_quant), and for
 // programs whose control flow does not read computed data (which quantization may legitimately
-// flip), eager float32 too, within the documented bound.
+// flip), eager float32 too, within the documented bound. A call that runs eagerly (a graph break
+// past cache_size_limit: the state is put back and the C++ forward runs as written) computes in
+// float32: when an entry of the compiled object runs eagerly and the int8 oracle disagrees, the
+// call must equal, bit for bit, a float32 eager call from the state it began with, and the oracle
+// continues from the compiled net's state.
+int eager_calls = 0;  // int8 calls that ran eagerly (float32), over a run_fuzz
+
+void copy_state(FuzzNet& to, FuzzNet& from) {
+  torch::NoGradGuard no_grad;
+  auto params = from.named_parameters(), buffers = from.named_buffers();
+  for (auto& p : to.named_parameters()) p.value().copy_(params[p.key()]);
+  for (auto& b : to.named_buffers()) b.value().copy_(buffers[b.key()]);
+}
+
 std::string check_program(const std::string& backend, uint64_t seed, int calls, bool int8 = false) {
   Generator gen(seed, int8);
   Program p = gen.program();
@@ -447,6 +460,16 @@ std::string check_program(const std::string& backend, uint64_t seed, int calls, 
       return kInvalid;  // the program itself is not valid LibTorch (e.g. an overlapping in-place add)
     }
     auto eager_next = torch::rand({2});
+    // int8: the compiled net's state and inputs as the call begins (for a call that runs eagerly).
+    std::shared_ptr<FuzzNet> before;
+    torch::Tensor x_before, y_before;
+    if (int8) {
+      before = std::make_shared<FuzzNet>(p);
+      before->train(p.training);
+      copy_state(*before, *compiled_net);
+      x_before = x_compiled.clone();
+      y_before = y_of(x_before);
+    }
     torch::manual_seed(1000 + call);
     std::vector<torch::Tensor> actual;
     try {
@@ -484,6 +507,37 @@ std::string check_program(const std::string& backend, uint64_t seed, int calls, 
         if (auto r = same(eager_buffers[b.key()], b.value()); !r)
           why << "buffer " << b.key() << ": " << r.message() << "\neager:\n" << eager_buffers[b.key()] << "\ncompiled:\n"
               << b.value();
+    if (!why.str().empty() && int8) {
+      bool some_entry_eager = false;
+      for (const auto& e : fast.state().entries()) some_entry_eager = some_entry_eager || e->runs_eagerly();
+      if (some_entry_eager) {
+        torch::manual_seed(1000 + call);
+        std::vector<torch::Tensor> float_expected = before->forward(x_before, n, y_before);
+        auto float_next = torch::rand({2});
+        std::ostringstream eager_why;
+        if (float_expected.size() != actual.size()) eager_why << "output count " << actual.size() << " vs " << float_expected.size();
+        for (size_t o = 0; eager_why.str().empty() && o < actual.size(); ++o)
+          if (auto r = tensors_equal(float_expected[o], actual[o]); !r) eager_why << "output " << o << ": " << r.message();
+        if (eager_why.str().empty())
+          if (auto r = tensors_equal(x_before, x_compiled); !r) eager_why << "input x: " << r.message();
+        if (eager_why.str().empty())
+          if (auto r = tensors_equal(y_before, y_compiled); !r) eager_why << "input y: " << r.message();
+        if (eager_why.str().empty())
+          if (auto r = tensors_equal(float_next, compiled_next); !r) eager_why << "random generator state: " << r.message();
+        auto before_buffers = before->named_buffers();
+        for (const auto& b : compiled_net->named_buffers())
+          if (eager_why.str().empty())
+            if (auto r = tensors_equal(before_buffers[b.key()], b.value()); !r)
+              eager_why << "buffer " << b.key() << ": " << r.message();
+        if (eager_why.str().empty()) {
+          ++eager_calls;
+          copy_state(*eager_net, *compiled_net);
+          why.str("");
+        } else {
+          why << "\nand an entry runs eagerly, but the call is not float32 eager either: " << eager_why.str();
+        }
+      }
+    }
     if (!why.str().empty()) {
       std::ostringstream values_read;
       for (int k = 0; k < kReads; ++k) values_read << (k ? "," : "") << n[k].item<int64_t>();
@@ -499,6 +553,7 @@ void run_fuzz(const std::string& backend, bool int8, int default_programs) {
   const int seed = env_int("TORCHCOMPILE_FUZZ_SEED", 1);
   const int calls = env_int("TORCHCOMPILE_FUZZ_CALLS", 10);
   int failures = 0, invalid = 0;
+  eager_calls = 0;
   const bool quiet = std::getenv("TORCHCOMPILE_LOGS") == nullptr;
   if (quiet) ::testing::internal::CaptureStderr();  // the cache-limit warnings of number-keyed breaks
   for (int k = 0; k < programs && failures < 3; ++k) {
@@ -514,6 +569,7 @@ void run_fuzz(const std::string& backend, bool int8, int default_programs) {
                   << ": " << why << "\nprogram:\n" << Generator(s, int8).program().text;
   }
   if (quiet) ::testing::internal::GetCapturedStderr();
+  if (int8) std::cout << "[ info     ] " << eager_calls << " int8 calls ran eagerly (float32, checked bit for bit)\n";
   EXPECT_LT(invalid, programs / 10 + 1) << "too many generated programs are not valid LibTorch";
 }
 
