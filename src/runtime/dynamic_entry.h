@@ -222,7 +222,8 @@ class ShapeSpecializations {
  public:
   /// `generic` is the captured graph (as traced, before any pass); `first` its compiled form,
   /// for every size if `symbolic` (then `generic` has the size symbols, and the sizes of the
-  /// results are checked against its expressions at each call), else at the traced sizes;
+  /// results are checked against its expressions at each new combination of the symbols' values
+  /// a thread calls it with), else at the traced sizes;
   /// `static_reason` says why not symbolic.
   ShapeSpecializations(DynamicPlan plan, std::shared_ptr<GraphModule> generic, Backend backend,
                        std::string backend_name, std::string owner, CompiledFn first, bool symbolic,
@@ -264,6 +265,9 @@ class ShapeSpecializations {
   // symbolic: `fn` (all_sizes_) on `inputs`, its results' sizes checked.
   std::vector<at::Tensor> run_symbolic(const CompiledFn& fn, std::vector<at::Tensor> inputs) const;
   std::vector<std::pair<uint32_t, uint32_t>> symbol_dims_;  // symbolic: each symbol's (input, dim)
+  // Tells this object apart from any other in the per-thread memory of the sizes last checked
+  // (run_symbolic): an object freed and another made at its address must check again.
+  const uint64_t id_;
 
   std::mutex specialize_mutex_;  // one specialization at a time
   BySize<std::shared_ptr<const CompiledFn>> compiled_;
