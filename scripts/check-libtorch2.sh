@@ -19,7 +19,7 @@ cd "$root"
 if [ -x build/test/test_package ]; then
   TORCHCOMPILE_TEST_BINARY_DIR="$root/build" build/test/test_package \
       --gtest_filter=Package.SecondProcessLoadsWithoutTheModelsCode >/dev/null
-  "$tool" run sh -c 'build-lt2/test/package_loader build/packages default eager onednn'
+  "$tool" run sh -c 'build-lt2/test/package_loader --across-versions build/packages default eager onednn'
 else
   echo "check-libtorch2: build/test/test_package not built on the host: packages written by LibTorch 1.13 not checked" >&2
   exit 1
