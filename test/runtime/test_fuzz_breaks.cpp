@@ -393,6 +393,37 @@ const char* const kInvalid = "invalid";
 // continues from the compiled net's state.
 int eager_calls = 0;  // int8 calls that ran eagerly (float32), over a run_fuzz
 
+// One run of a call: its results, the inputs x and y after it, the random generator's next draw,
+// and the net (its buffers).
+struct CallRun {
+  const std::vector<torch::Tensor>& outputs;
+  const torch::Tensor &x, &y, &next;
+  FuzzNet& net;
+};
+
+// The first difference between two runs of a call ("" if none): results, inputs and buffers
+// compared with `same`, the generator's draw bit for bit.
+template <class Same>
+std::string call_differences(const CallRun& e, const CallRun& a, Same same) {
+  std::ostringstream why;
+  if (e.outputs.size() != a.outputs.size()) why << "output count " << a.outputs.size() << " vs " << e.outputs.size();
+  for (size_t o = 0; why.str().empty() && o < e.outputs.size(); ++o)
+    if (auto r = same(e.outputs[o], a.outputs[o]); !r) why << "output " << o << ": " << r.message();
+  if (why.str().empty())
+    if (auto r = same(e.x, a.x); !r) why << "input x after the call: " << r.message();
+  if (why.str().empty())
+    if (auto r = same(e.y, a.y); !r) why << "input y after the call: " << r.message();
+  if (why.str().empty())
+    if (auto r = tensors_equal(e.next, a.next); !r) why << "random generator state: " << r.message();
+  auto expected_buffers = e.net.named_buffers();
+  for (const auto& b : a.net.named_buffers())
+    if (why.str().empty())
+      if (auto r = same(expected_buffers[b.key()], b.value()); !r)
+        why << "buffer " << b.key() << ": " << r.message() << "\nexpected:\n" << expected_buffers[b.key()]
+            << "\ncompiled:\n" << b.value();
+  return why.str();
+}
+
 void copy_state(FuzzNet& to, FuzzNet& from) {
   torch::NoGradGuard no_grad;
   auto params = from.named_parameters(), buffers = from.named_buffers();
@@ -483,9 +514,8 @@ std::string check_program(const std::string& backend, uint64_t seed, int calls, 
       return exact ? tensors_equal(e, a) : tensors_close(e, a, rtol, atol);
     };
     std::ostringstream why;
-    if (expected.size() != actual.size()) why << "output count " << actual.size() << " vs " << expected.size();
-    for (size_t o = 0; why.str().empty() && o < expected.size(); ++o)
-      if (auto r = same(expected[o], actual[o]); !r) why << "output " << o << ": " << r.message();
+    why << call_differences({expected, x_eager, y_eager, eager_next, *eager_net},
+                            {actual, x_compiled, y_compiled, compiled_next, *compiled_net}, same);
     // Against float32 (docs/precision.md): each int8 Linear a call runs adds at most 4% of an
     // output's norm. (Looser than the 2% the benchmark models meet: an output here is 12 values, 3
     // of a Linear's 128 columns, of inputs that repeat 12 values 43 times.)
@@ -495,18 +525,6 @@ std::string check_program(const std::string& backend, uint64_t seed, int calls, 
       if (!(err <= bound * ref + 1e-3))
         why << "output " << o << " differs from float32 by " << err << " (norm " << ref << ", bound " << bound << ")";
     }
-    if (why.str().empty())
-      if (auto r = same(x_eager, x_compiled); !r) why << "input x after the call: " << r.message();
-    if (why.str().empty())
-      if (auto r = same(y_eager, y_compiled); !r) why << "input y after the call: " << r.message();
-    if (why.str().empty())
-      if (auto r = tensors_equal(eager_next, compiled_next); !r) why << "random generator state: " << r.message();
-    auto eager_buffers = eager_net->named_buffers();
-    for (const auto& b : compiled_net->named_buffers())
-      if (why.str().empty())
-        if (auto r = same(eager_buffers[b.key()], b.value()); !r)
-          why << "buffer " << b.key() << ": " << r.message() << "\neager:\n" << eager_buffers[b.key()] << "\ncompiled:\n"
-              << b.value();
     if (!why.str().empty() && int8) {
       bool some_entry_eager = false;
       for (const auto& e : fast.state().entries()) some_entry_eager = some_entry_eager || e->runs_eagerly();
@@ -514,27 +532,17 @@ std::string check_program(const std::string& backend, uint64_t seed, int calls, 
         torch::manual_seed(1000 + call);
         std::vector<torch::Tensor> float_expected = before->forward(x_before, n, y_before);
         auto float_next = torch::rand({2});
-        std::ostringstream eager_why;
-        if (float_expected.size() != actual.size()) eager_why << "output count " << actual.size() << " vs " << float_expected.size();
-        for (size_t o = 0; eager_why.str().empty() && o < actual.size(); ++o)
-          if (auto r = tensors_equal(float_expected[o], actual[o]); !r) eager_why << "output " << o << ": " << r.message();
-        if (eager_why.str().empty())
-          if (auto r = tensors_equal(x_before, x_compiled); !r) eager_why << "input x: " << r.message();
-        if (eager_why.str().empty())
-          if (auto r = tensors_equal(y_before, y_compiled); !r) eager_why << "input y: " << r.message();
-        if (eager_why.str().empty())
-          if (auto r = tensors_equal(float_next, compiled_next); !r) eager_why << "random generator state: " << r.message();
-        auto before_buffers = before->named_buffers();
-        for (const auto& b : compiled_net->named_buffers())
-          if (eager_why.str().empty())
-            if (auto r = tensors_equal(before_buffers[b.key()], b.value()); !r)
-              eager_why << "buffer " << b.key() << ": " << r.message();
-        if (eager_why.str().empty()) {
+        const std::string eager_why = call_differences({float_expected, x_before, y_before, float_next, *before},
+                                                       {actual, x_compiled, y_compiled, compiled_next, *compiled_net},
+                                                       [](const torch::Tensor& e, const torch::Tensor& a) {
+                                                         return tensors_equal(e, a);
+                                                       });
+        if (eager_why.empty()) {
           ++eager_calls;
           copy_state(*eager_net, *compiled_net);
           why.str("");
         } else {
-          why << "\nand an entry runs eagerly, but the call is not float32 eager either: " << eager_why.str();
+          why << "\nand an entry runs eagerly, but the call is not float32 eager either: " << eager_why;
         }
       }
     }
