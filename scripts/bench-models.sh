@@ -260,6 +260,11 @@ resolve() { if [[ -e $1 ]]; then readlink -f "$1"; else echo "(missing)"; fi; }
 cpu=$(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//' || true)
 cpu_flags=$(grep -m1 '^flags' /proc/cpuinfo | grep -o -w -E 'avx2|avx512f|avx512_bf16|amx_tile' | sort -u | tr '\n' ' ' || true)
 blas="libblas.so.3 → $(resolve $lib/libblas.so.3), liblapack.so.3 → $(resolve $lib/liblapack.so.3), libopenblas.so.0 → $(resolve $lib/libopenblas.so.0)"
+# Variables that choose the kernels eager LibTorch (OpenBLAS, ATen) or the compiled modes (oneDNN,
+# torchcompile) run: set by a user or by the machine's environment, they can make eager and the
+# compiled modes run kernels of different ISAs (OPENBLAS_CORETYPE=Haswell alone: AVX2 GEMMs for
+# eager, AVX-512 oneDNN for the compiled modes), and the ratios then compare other kernels.
+kernel_vars=$(env | grep -E '^(OPENBLAS_|GOTO|BLIS_|ONEDNN_|DNNL_|ATEN_CPU_CAPABILITY|TORCHCOMPILE_ISA|OMP_|GOMP_|KMP_|MKL_|GLIBC_TUNABLES)' | sort | paste -sd' ' -)
 revision=$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 if [[ $revision != unknown ]] && ! git -C "$root" diff-index --quiet HEAD -- 2>/dev/null; then
   revision="$revision (with uncommitted changes)"
@@ -280,7 +285,7 @@ cmd=("$binary"
      "--results_tsv=$tmp/speedups.tsv"
      "${extra[@]}")
 echo "bench-models.sh: MALLOC_MMAP_THRESHOLD_=$MALLOC_MMAP_THRESHOLD_ MALLOC_TRIM_THRESHOLD_=$MALLOC_TRIM_THRESHOLD_"
-echo "bench-models.sh: OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-(unset)}; $blas"
+echo "bench-models.sh: variables that select kernels: ${kernel_vars:-(none)}; $blas"
 echo "bench-models.sh: running $(printf '%q ' "${cmd[@]}")"
 # Other processes' CPU use during the run: all busy CPU time (/proc/stat) minus this run's own.
 busy_ticks() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9; exit}' /proc/stat; }
@@ -306,6 +311,10 @@ results=$out_dir/RESULTS.md
     echo "> **Not for comparison**: a $([[ $quick == 1 ]] && echo 'quick smoke run (--quick)' || echo 'run with extra arguments'); rerun \`scripts/bench-models.sh\` with its defaults on a quiet machine for the real figures."
     echo
   fi
+  if [[ -n $kernel_vars ]]; then
+    echo "> **Kernels chosen by the environment**: \`$kernel_vars\` was set during the run. Eager LibTorch and the compiled modes may then run kernels of different ISAs (e.g. \`OPENBLAS_CORETYPE=Haswell\` alone gives eager AVX2 GEMMs while oneDNN uses AVX-512): compare only with runs made under the same settings."
+    echo
+  fi
   if [[ $busy_machine == 1 ]]; then
     echo "> **Warning**: the machine was not quiet: other processes kept $other_cores of $(nproc) cores busy on average during the run, so OpenMP threads were descheduled and the timings are unreliable."
     echo
@@ -321,7 +330,8 @@ results=$out_dir/RESULTS.md
   echo "- Git revision: $revision"
   echo "- CPU: ${cpu:-unknown}, $(nproc) cores visible${cpu_flags:+ (${cpu_flags% })}"
   echo "- LibTorch (libtorch-dev): $(dpkg-query -W -f='${Version}' libtorch-dev 2>/dev/null || echo unknown); oneDNN (libdnnl-dev): $(dpkg-query -W -f='${Version}' libdnnl-dev 2>/dev/null || echo unknown)"
-  echo "- BLAS: $blas; OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-(unset)}"
+  echo "- BLAS: $blas"
+  echo "- Variables that select kernels: ${kernel_vars:-(none)}"
   echo "- malloc: MALLOC_MMAP_THRESHOLD_=$MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_=$MALLOC_TRIM_THRESHOLD_"
   echo "- Threads: torch::set_num_threads(2); OMP_NUM_THREADS=${OMP_NUM_THREADS:-(unset)}"
   echo "- Google Benchmark $benchmark_version; load average at start $load_start, at end $load_end"

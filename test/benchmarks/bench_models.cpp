@@ -1224,7 +1224,7 @@ std::string report(Results& res) {
   os << "- registered backends: " << backends_list() << "\n";
   os << "- MALLOC_MMAP_THRESHOLD_=" << tc_bench::env_or("MALLOC_MMAP_THRESHOLD_", "(glibc default)")
      << ", MALLOC_TRIM_THRESHOLD_=" << tc_bench::env_or("MALLOC_TRIM_THRESHOLD_", "(glibc default)")
-     << ", OPENBLAS_CORETYPE=" << tc_bench::env_or("OPENBLAS_CORETYPE", "(unset)") << "\n";
+     << "\n- variables that select kernels: " << tc_bench::kernel_settings() << "\n";
   return os.str();
 }
 
