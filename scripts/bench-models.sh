@@ -264,7 +264,7 @@ blas="libblas.so.3 → $(resolve $lib/libblas.so.3), liblapack.so.3 → $(resolv
 # torchcompile) run: set by a user or by the machine's environment, they can make eager and the
 # compiled modes run kernels of different ISAs (OPENBLAS_CORETYPE=Haswell alone: AVX2 GEMMs for
 # eager, AVX-512 oneDNN for the compiled modes), and the ratios then compare other kernels.
-kernel_vars=$(env | grep -E '^(OPENBLAS_|GOTO|BLIS_|ONEDNN_|DNNL_|ATEN_CPU_CAPABILITY|TORCHCOMPILE_ISA|OMP_|GOMP_|KMP_|MKL_|GLIBC_TUNABLES)' | sort | paste -sd' ' -)
+kernel_vars=$(env | grep -E '^(OPENBLAS_|GOTO|BLIS_|ONEDNN_|DNNL_|ATEN_CPU_CAPABILITY|TORCHCOMPILE_ISA|OMP_|GOMP_|KMP_|MKL_|GLIBC_TUNABLES)' | sort | paste -sd' ' - || true)
 revision=$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 if [[ $revision != unknown ]] && ! git -C "$root" diff-index --quiet HEAD -- 2>/dev/null; then
   revision="$revision (with uncommitted changes)"
