@@ -321,8 +321,9 @@ results=$out_dir/RESULTS.md
   fi
   echo "Models M1–M8 (fp32, seed 0, 2 threads), each in every mode whose backend is"
   echo "registered; see the header of \`test/benchmarks/bench_models.cpp\` for the definitions. Absolute"
-  echo "times move from run to run on shared hardware: read the speedups, which compare medians from"
-  echo "the same run (repetitions randomly interleaved)."
+  echo "times move from run to run on shared hardware: read the speedups, which compare figures from"
+  echo "the same run (repetitions randomly interleaved; each figure is the least of the repetitions'"
+  echo "median calls unless the benchmark command passes \`--statistic=median\`)."
   echo
   echo "- Date: $date_start (run took ${elapsed} s)"
   echo "- Command: \`$invocation\`"

@@ -67,10 +67,17 @@
 // a training step) before it is timed; a mismatch or an eager fallback is flagged in the tables.
 //
 // Each benchmark times single calls with std::chrono (UseManualTime) after a short warm-up and
-// records the median call of each repetition (counter median_ms); the reported figure is the
-// median over repetitions, and speedup = eager median / mode median, both from this run. Use
+// records the median call of each repetition (counter median_ms); the reported figure is, over
+// the repetitions, the least of those medians (--statistic=min, the default) or their median
+// (--statistic=median), and speedup = eager figure / mode figure, both from this run. Use
 // --benchmark_repetitions=N and --benchmark_enable_random_interleaving=true (as
 // scripts/bench-models.sh does) so that the repetitions of all modes are spread over the run.
+// Why the least by default: on the shared hosts these figures come from, interference only slows
+// a repetition (for minutes a sibling hyperthread of the host takes half of a vCPU's multiply-add
+// throughput: test/benchmarks/RESULTS.md, "Notes on this run"), and a median over 5 repetitions
+// of one mode can still land in such a phase while eager's does not (the same program measured
+// 0.91 and 1.38 us in two modes of one run); the least repetition of each mode is the machine's
+// own rate for both sides of a ratio.
 // After the benchmarks, each compiled (row, mode) that ran is compiled afresh
 // --first_call_reps=N times (default 3) and its first call timed: trace + backend compile + one
 // run (one step for training rows), in a process that is already warm (one-time library
@@ -81,6 +88,7 @@
 //   --results_tsv=FILE   write the speedups (rows x compiled modes, "?" = missing) for plotting
 //   --first_call_reps=N  fresh compiles timed per (row, mode); 0 skips the first-call table
 //   --new_sizes=N        new sizes timed per dynamic mode on M1-M5 (default 5); 0 skips that table
+//   --statistic=min|median  the figure over repetitions (default min; see below)
 // The tables are also printed to stdout at the end.
 //
 // Run with glibc malloc tuned (scripts/bench-models.sh sets MALLOC_MMAP_THRESHOLD_ and
@@ -748,9 +756,14 @@ void run_m2_floor(benchmark::State& state) {
 }
 const char* const kM2Floor = "M2-floor/copy";
 
+/// The figure reported over a benchmark's repetitions (--statistic).
+enum class Statistic { Min, Median };
+Statistic g_statistic = Statistic::Min;
+const char* statistic_name() { return g_statistic == Statistic::Min ? "min" : "median"; }
+
 /// Collects the median_ms counter of every repetition while printing as the console reporter.
 /// With --benchmark_display_aggregates_only the repetitions are not shown to it: then it keeps
-/// the "median" aggregate (the median over repetitions of median_ms) instead.
+/// the "median" and "min" aggregates (over repetitions, of median_ms) instead.
 class Collector : public benchmark::ConsoleReporter {
  public:
   void ReportRuns(const std::vector<Run>& runs) override {
@@ -759,26 +772,28 @@ class Collector : public benchmark::ConsoleReporter {
       if (it == r.counters.end()) continue;
       if (r.run_type == Run::RT_Iteration) {
         medians[r.run_name.function_name].push_back(it->second.value);
-      } else if (r.aggregate_name == "median") {
-        aggregate_medians[r.run_name.function_name] = it->second.value;
+      } else if (r.aggregate_name == "median" || r.aggregate_name == "min") {
+        aggregates[{r.run_name.function_name, r.aggregate_name}] = it->second.value;
       }
     }
     ConsoleReporter::ReportRuns(runs);
   }
-  /// Median over repetitions of a benchmark's per-repetition medians; NaN if none was reported.
-  double median_of(const std::string& name, size_t* repetitions) const {
+  /// The least (--statistic=min) or the median of a benchmark's per-repetition medians; NaN if
+  /// none was reported.
+  double figure_of(const std::string& name, size_t* repetitions) const {
     auto it = medians.find(name);
     if (it != medians.end()) {
       *repetitions = it->second.size();
-      return median(it->second);
+      return g_statistic == Statistic::Min ? *std::min_element(it->second.begin(), it->second.end())
+                                           : median(it->second);
     }
-    auto agg = aggregate_medians.find(name);
+    auto agg = aggregates.find({name, statistic_name()});
     *repetitions = 0;  // unknown
-    return agg == aggregate_medians.end() ? NAN : agg->second;
+    return agg == aggregates.end() ? NAN : agg->second;
   }
 
   std::map<std::string, std::vector<double>> medians;  ///< by benchmark name, one per repetition
-  std::map<std::string, double> aggregate_medians;
+  std::map<std::pair<std::string, std::string>, double> aggregates;  ///< (name, "median"/"min")
 };
 
 // ---- results ---------------------------------------------------------------------------------
@@ -1141,6 +1156,12 @@ std::string report(Results& res) {
   res.notes.clear();
   std::ostringstream os;
   os << "## Median ms per call (speedup = eager median / mode median, same run)\n\n";
+  os << "Each figure: the median call of a repetition, " << (g_statistic == Statistic::Min ? "the least" : "the median")
+     << " over the repetitions (`--statistic=" << statistic_name() << "`"
+     << (g_statistic == Statistic::Min
+             ? ": interference on a shared host only slows a repetition, so the least is the machine's own rate for every mode"
+             : "")
+     << "); the speedup divides eager's figure by the mode's.\n\n";
   os << main_table(res);
   os << "\nn/a: backend not registered in this build";
   for (const Mode& m : modes())
@@ -1220,7 +1241,8 @@ std::string report(Results& res) {
   }
   if (max_reps > 0)
     os << "- repetitions per benchmark: " << (min_reps == max_reps ? std::to_string(max_reps) : std::to_string(min_reps) + "–" + std::to_string(max_reps))
-       << " (each: the median single call after a warm-up; the figure is the median over repetitions)\n";
+       << " (each: the median single call after a warm-up; the figure is the " << (g_statistic == Statistic::Min ? "least" : "median")
+       << " over repetitions, --statistic=" << statistic_name() << ")\n";
   os << "- registered backends: " << backends_list() << "\n";
   os << "- MALLOC_MMAP_THRESHOLD_=" << tc_bench::env_or("MALLOC_MMAP_THRESHOLD_", "(glibc default)")
      << ", MALLOC_TRIM_THRESHOLD_=" << tc_bench::env_or("MALLOC_TRIM_THRESHOLD_", "(glibc default)")
@@ -1295,6 +1317,9 @@ void measure_memory(Results& res) {
 
 }  // namespace
 
+/// The "min" aggregate over repetitions (Google Benchmark computes mean, median, stddev and cv).
+double least(const std::vector<double>& v) { return v.empty() ? NAN : *std::min_element(v.begin(), v.end()); }
+
 int main(int argc, char** argv) {
   tc_bench::set_up_context();
   benchmark::Initialize(&argc, argv);
@@ -1320,6 +1345,14 @@ int main(int argc, char** argv) {
       res.new_sizes = std::max(0, std::atoi(v.c_str()));
       continue;
     }
+    if (value("--statistic", v)) {
+      if (v != "min" && v != "median") {
+        std::fprintf(stderr, "bench_models: expected --statistic=min or --statistic=median, got --statistic=%s\n", v.c_str());
+        return 1;
+      }
+      g_statistic = v == "min" ? Statistic::Min : Statistic::Median;
+      continue;
+    }
     argv[kept++] = argv[i];
   }
   argc = kept;
@@ -1329,10 +1362,16 @@ int main(int argc, char** argv) {
     for (size_t m = 0; m < modes().size(); ++m) {
       if (!applies(rows()[r], modes()[m]) || !available(modes()[m])) continue;
       const std::string name = rows()[r].id + "/" + modes()[m].name;
-      benchmark::RegisterBenchmark(name.c_str(), run_benchmark, r, m)->UseManualTime()->Unit(benchmark::kMillisecond);
+      benchmark::RegisterBenchmark(name.c_str(), run_benchmark, r, m)
+          ->UseManualTime()
+          ->Unit(benchmark::kMillisecond)
+          ->ComputeStatistics("min", least);
     }
   }
-  benchmark::RegisterBenchmark(kM2Floor, run_m2_floor)->UseManualTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark(kM2Floor, run_m2_floor)
+      ->UseManualTime()
+      ->Unit(benchmark::kMillisecond)
+      ->ComputeStatistics("min", least);
   bench_gemm::register_benchmarks();
   Collector collector;
   benchmark::RunSpecifiedBenchmarks(&collector);
@@ -1343,11 +1382,11 @@ int main(int argc, char** argv) {
       if (!executed().count({r, m})) continue;  // filtered out
       Cell& c = res.cells[{r, m}];
       // NaN if the benchmark failed: prepared(r, m).error says why.
-      c.median_ms = collector.median_of(rows()[r].id + "/" + modes()[m].name, &c.repetitions);
+      c.median_ms = collector.figure_of(rows()[r].id + "/" + modes()[m].name, &c.repetitions);
     }
   }
   size_t floor_reps = 0;
-  res.m2_floor_ms = collector.median_of(kM2Floor, &floor_reps);
+  res.m2_floor_ms = collector.figure_of(kM2Floor, &floor_reps);
   if (res.first_call_reps > 0) {
     std::printf("\nFirst calls (%d fresh compiles each)\n", res.first_call_reps);
     measure_first_calls(res);
@@ -1360,7 +1399,7 @@ int main(int argc, char** argv) {
   std::string text = report(res);
   text += bench_gemm::table([&](const std::string& name) {
     size_t reps = 0;
-    return collector.median_of(name, &reps);
+    return collector.figure_of(name, &reps);
   });
   std::printf("\n%s", text.c_str());
   bool ok = true;
