@@ -937,7 +937,7 @@ std::string memory_table(const Results& res) {
 
 std::string first_call_table(const Results& res) {
   std::ostringstream os;
-  os << "| model | eager median |";
+  os << "| model | eager per call |";
   for (const Mode& m : modes())
     if (is_compiled(m)) os << " " << m.name << " |";
   os << "\n|---|---:|";
@@ -1155,7 +1155,7 @@ std::string new_size_table(const Results& res) {
 std::string report(Results& res) {
   res.notes.clear();
   std::ostringstream os;
-  os << "## Median ms per call (speedup = eager median / mode median, same run)\n\n";
+  os << "## Median ms per call (speedup = eager figure / mode figure, same run)\n\n";
   os << "Each figure: the median call of a repetition, " << (g_statistic == Statistic::Min ? "the least" : "the median")
      << " over the repetitions (`--statistic=" << statistic_name() << "`"
      << (g_statistic == Statistic::Min
@@ -1227,7 +1227,7 @@ std::string report(Results& res) {
     os << memory_table(res);
   }
   os << "\n## Targets beside this run\n\n";
-  os << "\"met (ms)\" compares the `default` mode's median with the absolute target; \"met (speedup)\" compares its "
+  os << "\"met (ms)\" compares the `default` mode's figure with the absolute target; \"met (speedup)\" compares its "
         "speedup over eager in this run with the target's speedup over the anchor eager "
         "(anchor eager ÷ target), which is robust to machine-to-machine differences.\n\n";
   os << targets_table(res);
