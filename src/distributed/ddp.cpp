@@ -18,12 +18,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <fstream>
 #include <functional>
 #include <mutex>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 namespace torchcompile {
 namespace {
@@ -78,13 +80,32 @@ struct CommState {
     std::chrono::steady_clock::time_point deadline;
     size_t bucket;
   };
-  // Who is gone, for an error message: peers on this machine by their process state.
+  // Who is gone, for an error message: peers on this machine by their process state. A peer
+  // that was killed closes its sockets while the kernel tears the process down, before its state
+  // says it has ended: the connection reset can reach this rank while the peer still reads as
+  // running. So, when no peer on this machine reads as ended or stopped, look again every 10 ms
+  // for up to kSettle before saying so (an error path only: a hung peer's error comes that much
+  // later).
   std::string lost_ranks() const {
-    std::ostringstream gone, stopped, unknown;
+    static constexpr auto kSettle = std::chrono::milliseconds(1000);
     const int64_t me = host_id();
+    std::vector<char> states(peers.size(), '?');
+    const auto settle_until = std::chrono::steady_clock::now() + kSettle;
+    for (;;) {
+      bool local = false, named = false;
+      for (int r = 0; r < static_cast<int>(peers.size()); ++r) {
+        if (r == rank || peers[r].first != me) continue;
+        local = true;
+        states[r] = process_state(peers[r].second);
+        named = named || states[r] == 'X' || states[r] == 'Z' || states[r] == 'T';
+      }
+      if (!local || named || std::chrono::steady_clock::now() >= settle_until) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    std::ostringstream gone, stopped, unknown;
     for (int r = 0; r < static_cast<int>(peers.size()); ++r) {
       if (r == rank) continue;
-      const char state = peers[r].first == me ? process_state(peers[r].second) : '?';
+      const char state = states[r];
       if (state == 'X' || state == 'Z')
         gone << (gone.tellp() ? ", " : "") << "rank " << r << " (process " << peers[r].second << " has ended)";
       else if (state == 'T')
