@@ -260,11 +260,6 @@ resolve() { if [[ -e $1 ]]; then readlink -f "$1"; else echo "(missing)"; fi; }
 cpu=$(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//' || true)
 cpu_flags=$(grep -m1 '^flags' /proc/cpuinfo | grep -o -w -E 'avx2|avx512f|avx512_bf16|amx_tile' | sort -u | tr '\n' ' ' || true)
 blas="libblas.so.3 → $(resolve $lib/libblas.so.3), liblapack.so.3 → $(resolve $lib/liblapack.so.3), libopenblas.so.0 → $(resolve $lib/libopenblas.so.0)"
-# Variables that choose the kernels eager LibTorch (OpenBLAS, ATen) or the compiled modes (oneDNN,
-# torchcompile) run: set by a user or by the machine's environment, they can make eager and the
-# compiled modes run kernels of different ISAs (OPENBLAS_CORETYPE=Haswell alone: AVX2 GEMMs for
-# eager, AVX-512 oneDNN for the compiled modes), and the ratios then compare other kernels.
-kernel_vars=$(env | grep -E '^(OPENBLAS_|GOTO|BLIS_|ONEDNN_|DNNL_|ATEN_CPU_CAPABILITY|TORCHCOMPILE_ISA|OMP_|GOMP_|KMP_|MKL_|GLIBC_TUNABLES)' | sort | paste -sd' ' - || true)
 revision=$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 if [[ $revision != unknown ]] && ! git -C "$root" diff-index --quiet HEAD -- 2>/dev/null; then
   revision="$revision (with uncommitted changes)"
@@ -285,7 +280,7 @@ cmd=("$binary"
      "--results_tsv=$tmp/speedups.tsv"
      "${extra[@]}")
 echo "bench-models.sh: MALLOC_MMAP_THRESHOLD_=$MALLOC_MMAP_THRESHOLD_ MALLOC_TRIM_THRESHOLD_=$MALLOC_TRIM_THRESHOLD_"
-echo "bench-models.sh: variables that select kernels: ${kernel_vars:-(none)}; $blas"
+echo "bench-models.sh: $blas"
 echo "bench-models.sh: running $(printf '%q ' "${cmd[@]}")"
 # Other processes' CPU use during the run: all busy CPU time (/proc/stat) minus this run's own.
 busy_ticks() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9; exit}' /proc/stat; }
@@ -295,6 +290,13 @@ busy0=$(busy_ticks); times > "$tmp/times0"; own0=$(cpu_of_times "$tmp/times0"); 
 "${cmd[@]}"
 busy1=$(busy_ticks); times > "$tmp/times1"; own1=$(cpu_of_times "$tmp/times1"); end=$(date +%s.%N)
 elapsed=$(awk -v a="$start" -v b="$end" 'BEGIN{printf "%.0f", b-a}')
+# Variables that choose the kernels eager LibTorch (OpenBLAS, ATen) or the compiled modes (oneDNN,
+# torchcompile) run, as the benchmark recorded them (tc_bench::kernel_settings): set by a user or
+# by the machine's environment, they can make eager and the compiled modes run kernels of
+# different ISAs (OPENBLAS_CORETYPE=Haswell alone: AVX2 GEMMs for eager, AVX-512 oneDNN for the
+# compiled modes), and the ratios then compare other kernels.
+kernel_vars=$(sed -n 's/^- variables that select kernels: //p' "$tmp/results.md")
+if [[ $kernel_vars == "(none)" ]]; then kernel_vars=""; fi
 other_cores=$(awk -v b0="$busy0" -v b1="$busy1" -v o0="$own0" -v o1="$own1" -v a="$start" -v b="$end" -v hz="$(getconf CLK_TCK)" \
   'BEGIN{x=((b1-b0)/hz-(o1-o0))/(b-a); if(x<0)x=0; printf "%.2f", x}')
 busy_machine=$(awk -v x="$other_cores" 'BEGIN{print (x > 0.2) ? 1 : 0}')

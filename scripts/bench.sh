@@ -22,6 +22,7 @@ fi
 cmake --build "$build" --parallel "$jobs" --target bench_overhead
 
 echo "bench.sh: MALLOC_MMAP_THRESHOLD_=$MALLOC_MMAP_THRESHOLD_ MALLOC_TRIM_THRESHOLD_=$MALLOC_TRIM_THRESHOLD_"
-kernel_vars=$(env | grep -E '^(OPENBLAS_|GOTO|BLIS_|ONEDNN_|DNNL_|ATEN_CPU_CAPABILITY|TORCHCOMPILE_ISA|OMP_|GOMP_|KMP_|MKL_|GLIBC_TUNABLES)' | sort | paste -sd' ' - || true)
-echo "bench.sh: variables that select kernels: ${kernel_vars:-(none)}; libblas.so.3 -> $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || echo '?')"
+# The variables that select kernels are printed by the benchmark itself (its context's
+# kernel_settings line).
+echo "bench.sh: libblas.so.3 -> $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || echo '?')"
 exec "$build/test/benchmarks/bench_overhead" "$@"

@@ -6,9 +6,12 @@
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 extern char** environ;
 
@@ -35,6 +38,12 @@ inline std::string kernel_settings() {
     }
   }
   return out.empty() ? "(none)" : out;
+}
+
+/// The least of a benchmark's repetitions: the "min" aggregate (`->ComputeStatistics("min", least)`;
+/// Google Benchmark computes mean, median, stddev and cv), which bench_models reports by default.
+inline double least(const std::vector<double>& v) {
+  return v.empty() ? NAN : *std::min_element(v.begin(), v.end());
 }
 
 inline void set_up_context() {

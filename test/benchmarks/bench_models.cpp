@@ -784,8 +784,7 @@ class Collector : public benchmark::ConsoleReporter {
     auto it = medians.find(name);
     if (it != medians.end()) {
       *repetitions = it->second.size();
-      return g_statistic == Statistic::Min ? *std::min_element(it->second.begin(), it->second.end())
-                                           : median(it->second);
+      return g_statistic == Statistic::Min ? tc_bench::least(it->second) : median(it->second);
     }
     auto agg = aggregates.find({name, statistic_name()});
     *repetitions = 0;  // unknown
@@ -1317,9 +1316,6 @@ void measure_memory(Results& res) {
 
 }  // namespace
 
-/// The "min" aggregate over repetitions (Google Benchmark computes mean, median, stddev and cv).
-double least(const std::vector<double>& v) { return v.empty() ? NAN : *std::min_element(v.begin(), v.end()); }
-
 int main(int argc, char** argv) {
   tc_bench::set_up_context();
   benchmark::Initialize(&argc, argv);
@@ -1365,13 +1361,13 @@ int main(int argc, char** argv) {
       benchmark::RegisterBenchmark(name.c_str(), run_benchmark, r, m)
           ->UseManualTime()
           ->Unit(benchmark::kMillisecond)
-          ->ComputeStatistics("min", least);
+          ->ComputeStatistics("min", tc_bench::least);
     }
   }
   benchmark::RegisterBenchmark(kM2Floor, run_m2_floor)
       ->UseManualTime()
       ->Unit(benchmark::kMillisecond)
-      ->ComputeStatistics("min", least);
+      ->ComputeStatistics("min", tc_bench::least);
   bench_gemm::register_benchmarks();
   Collector collector;
   benchmark::RunSpecifiedBenchmarks(&collector);

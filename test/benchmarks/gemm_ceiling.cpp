@@ -1,6 +1,8 @@
 // See gemm_ceiling.h.
 #include "gemm_ceiling.h"
 
+#include "bench_context.h"
+
 #include <torchcompile/support/isa.h>
 #include <torchcompile/torchcompile.h>
 
@@ -167,19 +169,16 @@ std::string gflops(double flop, double ms) {
   return buf;
 }
 
-// The "min" aggregate over repetitions, which bench_models reports by default (--statistic).
-double least(const std::vector<double>& v) { return v.empty() ? NAN : *std::min_element(v.begin(), v.end()); }
-
 }  // namespace
 
 void register_benchmarks() {
-  benchmark::RegisterBenchmark(kPeak, run_peak)->UseManualTime()->Unit(benchmark::kMillisecond)->ComputeStatistics("min", least);
+  benchmark::RegisterBenchmark(kPeak, run_peak)->UseManualTime()->Unit(benchmark::kMillisecond)->ComputeStatistics("min", tc_bench::least);
   for (const Shape& s : shapes()) {
-    benchmark::RegisterBenchmark(name_of(s, "openblas").c_str(), run_openblas, s)->UseManualTime()->Unit(benchmark::kMillisecond)->ComputeStatistics("min", least);
+    benchmark::RegisterBenchmark(name_of(s, "openblas").c_str(), run_openblas, s)->UseManualTime()->Unit(benchmark::kMillisecond)->ComputeStatistics("min", tc_bench::least);
 #ifdef TC_BENCH_HAVE_DNNL
-    benchmark::RegisterBenchmark(name_of(s, "onednn").c_str(), run_onednn, s)->UseManualTime()->Unit(benchmark::kMillisecond)->ComputeStatistics("min", least);
+    benchmark::RegisterBenchmark(name_of(s, "onednn").c_str(), run_onednn, s)->UseManualTime()->Unit(benchmark::kMillisecond)->ComputeStatistics("min", tc_bench::least);
 #endif
-    benchmark::RegisterBenchmark(name_of(s, "default").c_str(), run_default, s)->UseManualTime()->Unit(benchmark::kMillisecond)->ComputeStatistics("min", least);
+    benchmark::RegisterBenchmark(name_of(s, "default").c_str(), run_default, s)->UseManualTime()->Unit(benchmark::kMillisecond)->ComputeStatistics("min", tc_bench::least);
   }
 }
 
