@@ -88,7 +88,7 @@
 //   --results_tsv=FILE   write the speedups (rows x compiled modes, "?" = missing) for plotting
 //   --first_call_reps=N  fresh compiles timed per (row, mode); 0 skips the first-call table
 //   --new_sizes=N        new sizes timed per dynamic mode on M1-M5 (default 5); 0 skips that table
-//   --statistic=min|median  the figure over repetitions (default min; see below)
+//   --statistic=min|median  the figure over repetitions (default min; see above)
 // The tables are also printed to stdout at the end.
 //
 // Run with glibc malloc tuned (scripts/bench-models.sh sets MALLOC_MMAP_THRESHOLD_ and
