@@ -23,6 +23,7 @@ std::vector<std::string> CompileReport::describe() const {
   lines.push_back(backend == "interpreter" ? "run by the interpreter" : "compiled by " + backend);
   for (const auto& part : partition) lines.push_back("  part: " + part);
   for (const auto& p : precision) lines.push_back("  precision " + p);
+  for (const auto& r : rewrites) lines.push_back("  rewrite " + r);
   for (const auto& a : attempts) {
     if (a.outcome == BackendAttempt::Outcome::Declined)
       lines.push_back("  declined by " + a.backend + (a.reason.empty() ? " (no reason given)" : ": " + a.reason));

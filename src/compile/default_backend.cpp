@@ -5,9 +5,11 @@
 // line each; backends/<name>/ defines torchcompile::backends::register_<name>_backend(). This is
 // the one place that knows every built-in, so it lives at the top of the compile stage.
 #include "backends/builtin.h"
+#include "compile/broadcast_products.h"
 
 #include <torchcompile/aot/aot_autograd.h>
 #include <torchcompile/backends/registry.h>
+#include <torchcompile/compile/compile_report.h>
 #include <torchcompile/compile/partitioner.h>
 
 #include <string>
@@ -28,10 +30,21 @@ namespace {
 // graph no backend claims. A graph that must record autograd (grad mode on, something requiring
 // grad) goes through AOT autograd instead, with that same composition compiling its forward and
 // its backward graph: those graphs record no autograd themselves, so oneDNN and the tile
-// programs may run them.
+// programs may run them. Before partitioning, products with a broadcast operand become sums
+// (compile/broadcast_products.h): a `sum()` loss's backward has two.
 const char* const kDefaultParts[] = {"onednn", "fused"};
 
-Backend default_backend(Backend inference) {
+Backend default_backend(Backend parts) {
+  Backend inference = [parts = std::move(parts)](GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
+    std::vector<std::string> lines;
+    {
+      TimedStep step("products with a broadcast operand as sums", &gm);
+      lines = compile_stage::simplify_broadcast_products(gm);
+    }
+    if (CompileReport* report = detail::current_report())
+      report->rewrites.insert(report->rewrites.end(), lines.begin(), lines.end());
+    return parts(gm, example_inputs);
+  };
   Backend training = aot_autograd(inference);
   return [inference = std::move(inference), training = std::move(training)](
              GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {

@@ -627,13 +627,19 @@ Instance& instance(size_t row) {
   return *slot;
 }
 
+// Elementwise (rtol 1e-3, atol 1e-4), or within 1e-5 of eager's norm: a gradient summed over
+// thousands of rows has elements that cancel to near zero, where two float32 programs summing in
+// different orders differ beyond any elementwise tolerance (measured on M5-train: an element of
+// 0.126 off by 3e-4 in a tensor whose largest is 2003; both results were equally far from the
+// float64 gradient). The norm bound still catches a wrong element: one element of 2048 wrong by
+// 0.1% moves the norm by ~2e-5.
 std::string compare(const torch::Tensor& got, const torch::Tensor& want, const std::string& what) {
   if (got.sizes() != want.sizes()) return what + ": shape differs";
-  if (!torch::allclose(got, want, /*rtol=*/1e-3, /*atol=*/1e-4)) {
-    double diff = (got - want).abs().max().item<double>();
-    return what + ": max abs difference " + std::to_string(diff);
-  }
-  return "";
+  if (torch::allclose(got, want, /*rtol=*/1e-3, /*atol=*/1e-4)) return "";
+  const double diff = (got - want).abs().max().item<double>();
+  const double rel = (got - want).norm().item<double>() / want.norm().item<double>();
+  if (rel <= 1e-5) return "";
+  return what + ": max abs difference " + std::to_string(diff) + ", relative difference in norm " + std::to_string(rel);
 }
 
 std::vector<torch::Tensor> grads_of(const Instance& inst) {
@@ -1167,7 +1173,7 @@ std::string report(Results& res) {
     if (m.precision != torchcompile::Precision::Float32 && !torchcompile::precision_unavailable(m.precision).empty())
       os << ", or (" << m.name << ") " << torchcompile::precision_unavailable(m.precision);
   os << "; –: mode not applicable (aot_eager: training rows only; int8 and bf16: inference rows only). "
-        "≠: result differs from eager beyond rtol 1e-3, atol 1e-4; †: the runtime fell back to eager; error: "
+        "≠: result differs from eager beyond rtol 1e-3, atol 1e-4 elementwise and beyond 1e-5 in norm (‖y − eager‖ / ‖eager‖); †: the runtime fell back to eager; error: "
         "compiling or the first call threw (numbers in brackets refer to the notes below).\n";
   if (!res.notes.empty()) {
     os << "\n";

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <memory>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -115,4 +116,82 @@ TEST(Pipeline, PassesLogShowsEachStepWithItsTime) {
   EXPECT_THAT(err, ::testing::ContainsRegex("step dead-code elimination \\([0-9.]+ ms\\)"));
   EXPECT_THAT(err, ::testing::ContainsRegex("step backend default \\([0-9.]+ ms\\)"));
   EXPECT_THAT(err, ::testing::HasSubstr("compiled by onednn"));
+}
+
+// ---- products with a broadcast operand (compile/broadcast_products.h) ----------------------------
+
+// Randomized: `mm` with one operand a single value broadcast (a 0-d or one-element tensor
+// expanded, possibly transposed or reshaped on the way) equals eager's under `default`, and the
+// report names the rewrite; an operand broadcast along one dimension only (a row repeated) is a
+// real product and stays one.
+TEST(DefaultBackend, ProductWithABroadcastOperandIsASum) {
+  torch::NoGradGuard no_grad;
+  std::mt19937 rng(7);
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  for (int trial = 0; trial < 24; ++trial) {
+    const int form = trial % 4;            // how the broadcast operand is made
+    const bool first = trial % 8 < 4;      // which operand it is
+    const bool row_only = trial % 6 == 5;  // a row (of at least 2 values) repeated: not one value
+    const int64_t M = pick(1, 40), K = pick(row_only && first ? 2 : 1, 70), N = pick(row_only && !first ? 2 : 1, 50);
+    auto broadcast = [=](const torch::Tensor& s, int64_t rows, int64_t cols) {
+      if (row_only) return s.expand({rows, cols});
+      switch (form) {
+        case 0: return s.reshape({}).expand({rows, cols});
+        case 1: return s.reshape({1, 1}).expand({rows, cols});
+        case 2: return s.reshape({}).expand({cols, rows}).t();
+        default:
+          return s.reshape({1, 1, 1}).expand({2, rows, cols + 1}).reshape({2 * rows, cols + 1}).narrow(0, 1, rows)
+              .narrow(1, 1, cols);
+      }
+    };
+    auto fn = [=](torch::Tensor s, torch::Tensor other) {
+      torch::Tensor product = first ? torch::mm(broadcast(s, M, K), other) : torch::mm(other, broadcast(s, K, N));
+      return torch::relu(product) + 1;
+    };
+    torch::Tensor s = row_only ? torch::randn({1, first ? K : N}) : torch::randn({1});
+    torch::Tensor other = first ? torch::randn({K, N}) : torch::randn({M, K});
+    SCOPED_TRACE("trial " + std::to_string(trial) + ": M " + std::to_string(M) + " K " + std::to_string(K) + " N " +
+                 std::to_string(N) + ", form " + std::to_string(form) + (first ? ", first" : ", second") +
+                 (row_only ? ", a row repeated" : ""));
+    auto compiled = torch::compile(fn, "default");
+    EXPECT_TRUE(tensors_close(fn(s, other), second_call(compiled, s, other), kRtol, kAtol));
+    s.normal_();  // the value is read at each call, not kept from the traced one
+    other.normal_();
+    EXPECT_TRUE(tensors_close(fn(s, other), compiled(s, other), kRtol, kAtol));
+    auto e = torchcompile::explain("default", fn, s, other);
+    ASSERT_EQ(e.compiled.size(), 1u);
+    EXPECT_EQ(e.compiled[0].rewrites.size(), row_only ? 0u : 1u) << e;
+  }
+}
+
+// Training with a sum() loss: the backward of the last Linear multiplies by the loss's gradient
+// broadcast; both products become sums, and the gradients are eager's.
+TEST(DefaultBackend, SumLossBackwardProductsAreSums) {
+  torch::manual_seed(0);
+  torch::nn::Sequential net(torch::nn::Linear(24, 48), torch::nn::GELU(), torch::nn::Linear(48, 16));
+  torch::nn::Sequential ref(torch::nn::Linear(24, 48), torch::nn::GELU(), torch::nn::Linear(48, 16));
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < net->parameters().size(); ++i) ref->parameters()[i].copy_(net->parameters()[i]);
+  }
+  auto step = [](torch::nn::Sequential& m, const torch::Tensor& x) { return m->forward(x).sum(); };
+  auto compiled = torch::compile([&](torch::Tensor x) { return step(net, x); }, "default");
+  for (int call = 0; call < 3; ++call) {
+    auto x = torch::randn({32, 24});
+    for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
+    for (auto& p : ref->parameters()) p.mutable_grad() = torch::Tensor();
+    auto got = compiled(x);
+    got.backward();
+    auto want = step(ref, x);
+    want.backward();
+    EXPECT_TRUE(tensors_close(want, got, kRtol, kAtol)) << "call " << call;
+    for (size_t i = 0; i < net->parameters().size(); ++i)
+      EXPECT_TRUE(tensors_close(ref->parameters()[i].grad(), net->parameters()[i].grad(), kRtol, kAtol))
+          << "call " << call << ", gradient " << i;
+  }
+  auto e = torchcompile::explain("default", [&](torch::Tensor x) { return step(net, x); }, torch::randn({32, 24}));
+  ASSERT_EQ(e.compiled.size(), 1u);
+  EXPECT_THAT(e.compiled[0].rewrites, ::testing::ElementsAre(::testing::HasSubstr("column sums of its second operand"),
+                                                             ::testing::HasSubstr("column sums of its second operand")))
+      << e;
 }

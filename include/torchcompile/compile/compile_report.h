@@ -40,6 +40,10 @@ struct CompileReport {
   /// Under a reduced precision (CompileOptions::precision): each Linear's precision, and why a
   /// Linear kept float32 ("int8-dynamic: linear fc1 [784 -> 512]"). Every other op is float32.
   std::vector<std::string> precision;
+  /// Algebraic rewrites the compiling backend made before running the graph, one line each
+  /// (`default`: "mm_2 [512 x 4096 @ 4096 x 2048]: column sums of its second operand times one
+  /// value ..."). Each computes the same values up to float rounding.
+  std::vector<std::string> rewrites;
   /// The pipeline's steps with their times.
   std::vector<PipelineStep> steps;
 
