@@ -454,6 +454,7 @@ class Compiler {
   bool match_rnn(Node* n, Group& g);
   bool match_embedding_bag(Node* n, Group& g);
   void extend_chain(Group& g);
+  bool scan_outweighs_activation(const Group& g, const Eltwise& e, const std::vector<int64_t>& out_sizes) const;
   bool sole_use(const Value& v, ir::Use* use) const;
   bool claimed(const Node* n) const { return claimed_.count(n) != 0; }
   const at::Tensor* attr_of(const Value& v) const;

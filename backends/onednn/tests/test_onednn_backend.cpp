@@ -1059,24 +1059,56 @@ TEST(OneDnnBackend, NonFiniteValuesThroughFusedActivationsMatchEager) {
   }
   // Weights as inputs (as training graphs pass them): transposed, and a view with gaps. oneDNN
   // takes such GEMMs only where its brgemm kernels run them: forced here, to check its path on
-  // every machine.
+  // every machine. (Inputs no larger than 4x the result, so that relu stays fused: see below.)
   tc_test::ScopedEnv dynamic_gemms("TORCHCOMPILE_ONEDNN_DYNAMIC_GEMM", "1");
   auto relu_mm = [](torch::Tensor x, torch::Tensor w) { return torch::relu(x.mm(w.t())); };
-  auto relu_mm_strided = [](torch::Tensor x, torch::Tensor w) { return torch::relu(x.mm(w.t().slice(1, 0, 8, 2))); };
+  auto relu_mm_strided = [](torch::Tensor x, torch::Tensor w) { return torch::relu(x.mm(w.t().slice(1, 0, 40, 2))); };
   for (int64_t which : {0, 1, 2, 3}) {
     SCOPED_TRACE("weight input case " + std::to_string(which));
     Recorder r, rs;
     auto fast = torch::compile(relu_mm, opts(r));
     auto fast_strided = torch::compile(relu_mm_strided, opts(rs));
     for (int call = 0; call < 2; ++call) {
-      torch::Tensor x = torch::randn({4, 16}), w = poison(torch::randn({24, 16}), which);
+      torch::Tensor x = torch::randn({64, 16}), w = poison(torch::randn({24, 16}), which);
       EXPECT_TRUE(tc_test::tensors_close(relu_mm(x, w), fast(x, w), kRtol, kAtol));
-      torch::Tensor w8 = torch::randn({8, 16});
-      w8.view({-1})[2 * 16 + 3] = which ? nan : 1.f;  // in a row the strided view keeps
-      EXPECT_TRUE(tc_test::tensors_close(relu_mm_strided(x, w8), fast_strided(x, w8), kRtol, kAtol));
+      torch::Tensor w40 = torch::randn({40, 16});
+      w40.view({-1})[2 * 16 + 3] = which ? nan : 1.f;  // in a row the strided view keeps
+      EXPECT_TRUE(tc_test::tensors_close(relu_mm_strided(x, w40), fast_strided(x, w40), kRtol, kAtol));
     }
     EXPECT_EQ(r.fused(), (std::vector<std::string>{"linear+relu"}));
+    EXPECT_EQ(rs.fused(), (std::vector<std::string>{"linear+relu"}));
   }
+}
+
+// A relu fused into a GEMM whose weight is an input makes every call scan the inputs for NaN and
+// infinities; where they are more than 4x the result (a training graph's first layer: a wide
+// weight, few rows), the relu runs as its own pass over the result instead, NaN kept as ATen keeps
+// it. A prepacked weight is scanned once, so inference keeps its fused relu.
+TEST(OneDnnBackend, ActivationRunsAloneWhereScanningTheInputsCostsMore) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(43);
+  tc_test::ScopedEnv dynamic_gemms("TORCHCOMPILE_ONEDNN_DYNAMIC_GEMM", "1");
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  auto relu_mm = [](torch::Tensor x, torch::Tensor w) { return torch::relu(x.mm(w.t())); };
+  for (int which : {0, 1, 2}) {
+    SCOPED_TRACE("case " + std::to_string(which));
+    Recorder r;
+    auto fast = torch::compile(relu_mm, opts(r));
+    for (int call = 0; call < 2; ++call) {
+      torch::Tensor x = torch::randn({4, 2048}), w = torch::randn({32, 2048});  // scans 72 K floats for 128
+      if (which == 1) x.view({-1})[3000] = nan;
+      if (which == 2) w.view({-1})[7000] = nan;
+      EXPECT_TRUE(tc_test::tensors_close(relu_mm(x, w), fast(x, w), kRtol, kAtol));
+    }
+    EXPECT_EQ(r.fused(), (std::vector<std::string>{"linear"}));
+  }
+  // The same shapes with the weight a module attribute (prepacked, scanned when packed).
+  auto m = std::make_shared<FnModule>();
+  auto lin = m->register_module("lin", torch::nn::Linear(2048, 32));
+  m->fn = [=](FnModule&, torch::Tensor x) { return torch::relu(lin->forward(x)); };
+  Recorder r;
+  expect_matches_eager(m, [] { return torch::randn({4, 2048}); }, r);
+  EXPECT_EQ(r.fused(), (std::vector<std::string>{"linear+bias+relu"}));
 }
 
 // ---- the NaN / infinity scan, compiled per ISA and chosen with TORCHCOMPILE_ISA ------------------
