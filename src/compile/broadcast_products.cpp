@@ -4,6 +4,8 @@
 
 #include <c10/core/MemoryFormat.h>
 #include <c10/core/ScalarType.h>
+#include <c10/util/accumulate.h>
+#include <c10/util/strides.h>
 
 #include <optional>
 #include <set>
@@ -12,16 +14,9 @@ namespace torchcompile::compile_stage {
 
 namespace {
 
-int64_t numel(const ir::TensorMeta& m) {
-  int64_t n = 1;
-  for (int64_t s : m.sizes) n *= s;
-  return n;
-}
-
 std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes) {
-  std::vector<int64_t> strides(sizes.size(), 1);
-  for (size_t i = sizes.size(); i-- > 1;) strides[i - 1] = strides[i] * std::max<int64_t>(sizes[i], 1);
-  return strides;
+  const auto strides = c10::contiguous_strides(sizes);
+  return std::vector<int64_t>(strides.begin(), strides.end());
 }
 
 ir::TensorMeta meta_like(const ir::TensorMeta& of, std::vector<int64_t> sizes, std::vector<int64_t> strides) {
@@ -47,7 +42,7 @@ std::optional<ir::Value> broadcast_source(ir::Value v) {
   for (;;) {
     const ir::TensorMeta& m = meta(v);
     if (!m.defined || m.symbolic()) return std::nullopt;
-    if (numel(m) == 1) return v;
+    if (c10::multiply_integers(m.sizes) == 1) return v;
     const ir::Node* n = v.node;
     if (n->kind() != ir::NodeKind::CallFunction || n->callable() || !views.count(n->target()) || n->args().empty() ||
         !n->args()[0].is_value())
@@ -74,8 +69,9 @@ std::vector<std::string> simplify_broadcast_products(GraphModule& gm) {
     if (!c10::isFloatingType(om.dtype) || am.sizes.size() != 2 || bm.sizes.size() != 2) continue;
     // A broadcast first operand: every row of the product is s * (the column sums of B). A
     // broadcast second operand: every column is s * (the row sums of A).
-    const bool first = broadcast_source(a).has_value();
-    std::optional<ir::Value> source = first ? broadcast_source(a) : broadcast_source(b);
+    std::optional<ir::Value> source = broadcast_source(a);
+    const bool first = source.has_value();
+    if (!first) source = broadcast_source(b);
     if (!source) continue;
     const ir::Value other = first ? b : a;
     const int64_t M = am.sizes[0], N = bm.sizes[1];

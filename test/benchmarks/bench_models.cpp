@@ -636,8 +636,9 @@ Instance& instance(size_t row) {
 std::string compare(const torch::Tensor& got, const torch::Tensor& want, const std::string& what) {
   if (got.sizes() != want.sizes()) return what + ": shape differs";
   if (torch::allclose(got, want, /*rtol=*/1e-3, /*atol=*/1e-4)) return "";
-  const double diff = (got - want).abs().max().item<double>();
-  const double rel = (got - want).norm().item<double>() / want.norm().item<double>();
+  const torch::Tensor d = got - want;
+  const double diff = d.abs().max().item<double>();
+  const double rel = d.norm().item<double>() / want.norm().item<double>();
   if (rel <= 1e-5) return "";
   return what + ": max abs difference " + std::to_string(diff) + ", relative difference in norm " + std::to_string(rel);
 }
