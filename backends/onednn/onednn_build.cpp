@@ -29,13 +29,13 @@ dnnl::post_ops make_post_ops(const Group& g, size_t kept, const std::vector<md_t
   return po;
 }
 
+bool loses_nan(const Eltwise& e) {
+  return (e.alg == dnnl::algorithm::eltwise_relu && e.alpha == 0.f) || e.alg == dnnl::algorithm::eltwise_clip;
+}
+
 bool fuses_nan_losing_activation(const Group& g, size_t kept) {
-  for (size_t i = 0; i < kept; ++i) {
-    const PostOp& p = g.post[i];
-    if (p.is_add) continue;
-    if ((p.e.alg == dnnl::algorithm::eltwise_relu && p.e.alpha == 0.f) || p.e.alg == dnnl::algorithm::eltwise_clip)
-      return true;
-  }
+  for (size_t i = 0; i < kept; ++i)
+    if (!g.post[i].is_add && loses_nan(g.post[i].e)) return true;
   return false;
 }
 

@@ -415,6 +415,9 @@ dnnl::primitive_attr user_scratchpad_attr();
 /// The post-ops of a group's first `kept` chain entries (a residual as `sum` for convolutions,
 /// else as a binary add of `add_mds` in order).
 dnnl::post_ops make_post_ops(const Group& g, size_t kept, const std::vector<md_t>& add_mds, bool conv_sum);
+/// Whether oneDNN computes `e` as a max/min against a constant, turning NaN into a number (relu,
+/// clip) where ATen keeps the NaN.
+bool loses_nan(const Eltwise& e);
 /// Whether the first `kept` post-ops include relu or clip, which lose NaNs (see AtenFallback).
 bool fuses_nan_losing_activation(const Group& g, size_t kept);
 

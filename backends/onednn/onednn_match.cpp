@@ -237,8 +237,7 @@ bool Compiler::side_effects_between(const Group& g, const Node* n) const {
 // a compiled step, which ran 5% faster without them). Then the chain stops before it, and the
 // activation runs outside the group (`fused` under `default`).
 bool Compiler::scan_outweighs_activation(const Group& g, const Eltwise& e, const std::vector<int64_t>& out_sizes) const {
-  if (!((e.alg == dnnl::algorithm::eltwise_relu && e.alpha == 0.f) || e.alg == dnnl::algorithm::eltwise_clip))
-    return false;
+  if (!loses_nan(e)) return false;
   int64_t scanned = g.src.valid() ? numel(meta(g.src).sizes) : 0;
   if (g.weight.valid() && !g.weight_attr) scanned += numel(meta(g.weight).sizes);
   for (const PostOp& p : g.post)
