@@ -488,7 +488,8 @@ bool Compiler::emit_tconv_gemm(Group& g) {
     return false;
   }
   if (is_ref_impl(pd.impl_info_str())) return false;
-  impls_.push_back(pd.impl_info_str());
+  pd = with_spaced_weight_rows(pd, src_md, md_t(), dst_md, user_scratchpad_attr());
+  impls_.push_back(matmul_impl_label(pd));
   g.kept = kept;
   auto s = std::make_unique<TConvStep>();
   std::vector<uint32_t> reads;

@@ -111,6 +111,16 @@ std::optional<std::pair<std::vector<int64_t>, std::vector<int64_t>>> as_2d(const
 md_t md_2d(const TensorMeta& m);
 /// Whether oneDNN picked its reference implementation (`impl_info_str()`): too slow to use.
 bool is_ref_impl(const char* impl);
+/// A matmul whose weight is prepacked (created with format `any`): `pd` itself, or, where oneDNN
+/// chose the plain dense (K, N) layout for the weight (its `gemm:jit`, the f32 GEMM of AVX2 CPUs)
+/// and its rows would be a multiple of 512 bytes apart, the same matmul with the weight's rows
+/// 16 floats longer (onednn_gemm.cpp says why). `src`, `bias`, `dst` and `attr` are `pd`'s.
+dnnl::matmul::primitive_desc with_spaced_weight_rows(dnnl::matmul::primitive_desc pd, const md_t& src,
+                                                     const md_t& bias, const md_t& dst,
+                                                     const dnnl::primitive_attr& attr);
+/// The implementation a matmul runs, for Compiled::impls: `impl_info_str()`, and the weight's
+/// row stride where with_spaced_weight_rows() lengthened it ("gemm:jit, weight rows 1040 apart").
+std::string matmul_impl_label(const dnnl::matmul::primitive_desc& pd);
 
 // ---- matched groups -----------------------------------------------------------------------------
 

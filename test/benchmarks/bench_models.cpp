@@ -29,6 +29,9 @@
 //             b.sum() < 0: every call takes the `b = b * -1` branch (a graph break whose
 //             continuation is cached after the warm-up)
 //   M8        50 chained tiny ops cycling x+0.5, x*0.9, relu, sin on (8, 8)
+//   MLP1024-1T four Linear(1024,1024)-ReLU layers on (128, 1024) at one intra-op thread (set
+//             around each call, the first included, and restored): a plain wide MLP in a program
+//             that runs LibTorch single-threaded
 //   DCGAN, MNIST, LSTM-LM, BiLSTM, BiGRU
 //             layers real C++ programs use (see their definitions below): a DCGAN generator
 //             (ConvTranspose2d), an MNIST CNN (max pooling, dropout), an LSTM language model and a
@@ -202,6 +205,18 @@ struct LstmImpl : torch::nn::Module {
     if (gru) return head(std::get<0>(gru->forward(embed(tokens))).select(1, -1));
     torch::Tensor h = std::get<0>(lstm->forward(embed(tokens)));
     return head(classifier ? h[-1] : h);
+  }
+};
+
+// MLP1024-1T: Linear(1024,1024)-ReLU four times.
+struct WideMlpImpl : torch::nn::Module {
+  std::vector<torch::nn::Linear> layers;
+  WideMlpImpl() {
+    for (int i = 0; i < 4; ++i) layers.push_back(register_module("fc" + std::to_string(i + 1), torch::nn::Linear(1024, 1024)));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    for (auto& l : layers) x = torch::relu(l(x));
+    return x;
   }
 };
 
@@ -411,6 +426,33 @@ Instance script_instance(const std::string& archive, std::vector<c10::IValue> in
   return inst;
 }
 
+/// `f` at one intra-op thread: the count set before the call and restored after it.
+std::function<torch::Tensor()> at_one_thread(std::function<torch::Tensor()> f) {
+  return [f]() {
+    const int before = torch::get_num_threads();
+    torch::set_num_threads(1);
+    struct Restore {
+      int n;
+      ~Restore() { torch::set_num_threads(n); }
+    } restore{before};
+    return f();
+  };
+}
+
+/// A row whose every call (eager, and each compiled mode's, the first call's trace and compile
+/// included) runs at one intra-op thread.
+Instance one_thread(Instance inst) {
+  inst.eager.call = at_one_thread(inst.eager.call);
+  inst.eager.at_rows = {};
+  inst.compile = [compile = inst.compile](const torchcompile::CompileOptions& options) {
+    Runner r = compile(options);
+    r.call = at_one_thread(r.call);
+    r.at_rows = {};
+    return r;
+  };
+  return inst;
+}
+
 struct Row {
   std::string id;     ///< benchmark name prefix and table key
   std::string label;  ///< table label
@@ -497,6 +539,11 @@ const std::vector<Row>& rows() {
          return function_instance(&toy_example, a, b);
        }},
       {"M8", "M8 50 tiny ops (8,8)", false, [] { return function_instance(&chain50, torch::randn({8, 8})); }},
+      {"MLP1024-1T", "MLP 4x1024, 1 thread (128,1024)", false,
+       [] {
+         auto m = std::make_shared<WideMlpImpl>();
+         return one_thread(module_instance(m, false, torch::randn({128, 1024})));
+       }},
       {"DCGAN", "DCGAN generator (16,100)->64x64", false,
        [] {
          auto m = std::make_shared<DcganImpl>();

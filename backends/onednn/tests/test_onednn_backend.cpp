@@ -39,6 +39,7 @@ struct Recorder {
     bool declined = false;  // an empty function (compile() called torchcompile::decline)
     std::string reason;
     std::string scan_isa;
+    std::vector<std::string> impls;
   };
   std::shared_ptr<std::vector<Entry>> entries = std::make_shared<std::vector<Entry>>();
   std::shared_ptr<std::mutex> mutex = std::make_shared<std::mutex>();
@@ -49,7 +50,7 @@ struct Recorder {
     return [e, m](torchcompile::GraphModule& gm, const std::vector<at::Tensor>& inputs) {
       od::Compiled c = od::compile(gm, inputs);
       std::lock_guard<std::mutex> lock(*m);
-      e->push_back({c.fused, c.blocked_values, c.winograd_convs, !c.fn, c.reason, c.scan_isa});
+      e->push_back({c.fused, c.blocked_values, c.winograd_convs, !c.fn, c.reason, c.scan_isa, c.impls});
       return c.fn;
     };
   }
@@ -1620,6 +1621,53 @@ TEST(OneDnnBackend, CompiledCallsFollowTheIntraOpThreadCount) {
     at::set_num_threads(2);
     EXPECT_EQ(busy_threads([&] { fast(x); }), 2) << backend << " back at 2 threads";
   }
+}
+
+// oneDNN's f32 GEMM for AVX2 CPUs (`gemm:jit`) reads a prepacked weight in the plain (K, N)
+// layout and slows down by up to 1.7x when its rows are a multiple of 512 bytes apart, so such a
+// weight is kept with rows 16 floats longer (with_spaced_weight_rows): Linears with and without a
+// transposed weight, and a transposed convolution's GEMM (its N is kernel taps x channels), of
+// every kind of N, results as eager's. Where oneDNN picks a blocked layout (its AVX-512 kernels)
+// nothing is spaced; CTest `onednn_gemm_as_on_avx2` runs this test with ONEDNN_MAX_CPU_ISA=AVX2.
+TEST(OneDnnBackend, PlainWeightRowsAreSpacedOffMultiplesOf512Bytes) {
+  torch::NoGradGuard no_grad;
+  auto expect_label = [](const std::string& impl, int64_t n) {
+    const bool plain_kernel = impl.rfind("gemm:jit", 0) == 0;
+    const bool spaced = impl.find(", weight rows " + std::to_string(n + 16) + " apart") != std::string::npos;
+    EXPECT_EQ(spaced, plain_kernel && n % 128 == 0) << impl << ", N = " << n;
+  };
+  size_t spaced_seen = 0;
+  std::string kernel;
+  for (int64_t out : {1024, 512, 384, 1000, 100, 10}) {
+    for (bool transposed : {false, true}) {
+      SCOPED_TRACE("N = " + std::to_string(out) + (transposed ? ", x.matmul(w.t())" : ", Linear"));
+      torch::manual_seed(out);
+      auto m = std::make_shared<FnModule>();
+      auto lin = m->register_module("lin", torch::nn::Linear(96, out));
+      m->fn = [lin, transposed](FnModule&, torch::Tensor x) {
+        return torch::relu(transposed ? x.matmul(lin->weight.t()) + lin->bias : lin->forward(x));
+      };
+      Recorder r;
+      expect_matches_eager(m, [] { return torch::randn({37, 96}); }, r);
+      ASSERT_EQ(r.entries->size(), 1u);
+      ASSERT_EQ(r.entries->at(0).impls.size(), 1u);
+      expect_label(r.entries->at(0).impls[0], out);
+      spaced_seen += r.entries->at(0).impls[0].find("weight rows") != std::string::npos;
+      kernel = r.entries->at(0).impls[0];
+    }
+  }
+  {
+    tc_test::ScopedEnv env("TORCHCOMPILE_ONEDNN_DECONV", "gemm");
+    torch::manual_seed(7);
+    torch::nn::Sequential net(torch::nn::ConvTranspose2d(torch::nn::ConvTranspose2dOptions(8, 64, 4).stride(2).padding(1)),
+                              torch::nn::ReLU());
+    net->eval();
+    Recorder r;
+    expect_deconvs_match_double(net, [] { return torch::randn({2, 8, 5, 5}); }, r);
+    ASSERT_EQ(r.entries->at(0).impls.size(), 1u);
+    expect_label(r.entries->at(0).impls[0], 4 * 4 * 64);
+  }
+  std::cout << "[ info ] " << spaced_seen << " of 12 Linear weights spaced (last kernel: " << kernel << ")\n";
 }
 
 // ---- EmbeddingBag -------------------------------------------------------------------------------
