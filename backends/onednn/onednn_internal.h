@@ -118,6 +118,21 @@ bool is_ref_impl(const char* impl);
 dnnl::matmul::primitive_desc with_spaced_weight_rows(dnnl::matmul::primitive_desc pd, const md_t& src,
                                                      const md_t& bias, const md_t& dst,
                                                      const dnnl::primitive_attr& attr);
+/// Whether a matmul of `macs` multiply-adds (0: not known when compiling) is created and run at
+/// one thread (onednn_gemm.cpp says why); false when LibTorch runs one.
+bool runs_on_one_thread(int64_t macs);
+/// The calling thread's OpenMP thread count set to one while it lives (oneDNN reads it when a
+/// primitive descriptor is created and when a primitive runs), then put back; nothing if !active.
+class OneThreadScope {
+ public:
+  explicit OneThreadScope(bool active);
+  ~OneThreadScope();
+  OneThreadScope(const OneThreadScope&) = delete;
+  OneThreadScope& operator=(const OneThreadScope&) = delete;
+
+ private:
+  int before_ = 0;
+};
 /// The implementation a matmul runs, for Compiled::impls: `impl_info_str()`, and the weight's
 /// row stride where with_spaced_weight_rows() lengthened it ("gemm:jit, weight rows 1040 apart").
 std::string matmul_impl_label(const dnnl::matmul::primitive_desc& pd);
@@ -307,6 +322,7 @@ struct MatmulStep : Step {
   uint32_t m_src = 0, m_wei = 0, m_bias = 0, m_dst = 0, m_scratch = 0;
   std::vector<uint32_t> m_bins;
   bool has_scratch = false;
+  bool one_thread = false;  // created and run at one thread (runs_on_one_thread)
   std::shared_ptr<const AtenFallback> fallback;
   void run(Ctx& c) const override;
 };

@@ -8,6 +8,8 @@
 #include <ATen/Parallel.h>
 #include <c10/util/SmallVector.h>
 
+#include <omp.h>
+
 #include <algorithm>
 #include <memory>
 
@@ -18,6 +20,14 @@
 #endif
 
 namespace torchcompile::backends::onednn::detail {
+
+OneThreadScope::OneThreadScope(bool active) : before_(active ? omp_get_max_threads() : 0) {
+  if (before_ > 1) omp_set_num_threads(1);
+}
+
+OneThreadScope::~OneThreadScope() {
+  if (before_ > 1) omp_set_num_threads(before_);
+}
 
 void AttrStep::run(Ctx& c) const {
   c.slots[out] = *attr;
@@ -146,7 +156,10 @@ void MatmulStep::run(Ctx& c) const {
   if (has_scratch) {
     args.bind(DNNL_ARG_SCRATCHPAD, m[m_scratch], c.ms->buffer_ptrs[0]);
   }
-  execute(prim, c, args);
+  {
+    OneThreadScope one(one_thread);
+    execute(prim, c, args);
+  }
   c.slots[out] = std::move(y);
 }
 

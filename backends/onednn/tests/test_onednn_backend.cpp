@@ -1670,6 +1670,33 @@ TEST(OneDnnBackend, PlainWeightRowsAreSpacedOffMultiplesOf512Bytes) {
   std::cout << "[ info ] " << spaced_seen << " of 12 Linear weights spaced (last kernel: " << kernel << ")\n";
 }
 
+// oneDNN runs every matmul in an OpenMP region of every thread, which costs a small GEMM more than
+// its arithmetic: GEMMs of at most 2^19 multiply-adds are created and run at one thread
+// (runs_on_one_thread), as LibTorch runs them. A Linear with tanh keeps one thread busy on small
+// shapes, as eager does, and two on a large one; results as eager's. CTest
+// `onednn_gemm_as_on_avx2` runs this test with ONEDNN_MAX_CPU_ISA=AVX2 (`gemm:jit`).
+TEST(OneDnnBackend, SmallGemmsRunOnOneThread) {
+  if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "needs 2 cores";
+  Threads restore;
+  at::set_num_threads(2);
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(3);
+  for (auto [rows, in, out] : {std::tuple<int64_t, int64_t, int64_t>{8, 16, 32}, {32, 64, 64}, {256, 512, 512}}) {
+    SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(in) + " x " + std::to_string(out));
+    auto m = linear_then([](torch::Tensor h) { return torch::tanh(h); }, in, out);
+    Recorder r;
+    auto fast = torch::compile(m, opts(r));
+    auto x = torch::randn({rows, in});
+    fast(x);
+    EXPECT_TRUE(tc_test::tensors_close(m->forward(x), fast(x), kRtol, kAtol));
+    ASSERT_EQ(r.entries->size(), 1u);
+    const std::string impl = r.entries->at(0).impls.at(0);
+    const bool small = rows * in * out <= (int64_t(1) << 19);
+    EXPECT_EQ(impl.find(", one thread") != std::string::npos, small) << impl;
+    EXPECT_EQ(busy_threads([&] { fast(x); }), small ? 1 : 2) << impl;
+  }
+}
+
 // ---- EmbeddingBag -------------------------------------------------------------------------------
 
 // torch::embedding_bag with the given settings over the module's table, optionally followed by
