@@ -81,7 +81,7 @@ std::string matmul_impl_label(const dnnl::matmul::primitive_desc& pd) {
   std::string label = pd.impl_info_str();
   const md_t w = pd.weights_desc();
   const dims d = compat::dims_of(w);
-  if (d.size() == 2 && !(w == md_t(d, dt::f32, tag::ab)) && w == md_t(d, dt::f32, dims{d[1] + kWeightRowSpacing, 1}))
+  if (d.size() == 2 && w == md_t(d, dt::f32, dims{d[1] + kWeightRowSpacing, 1}))
     label += ", weight rows " + std::to_string(d[1] + kWeightRowSpacing) + " apart";
   return label;
 }
