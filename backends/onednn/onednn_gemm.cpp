@@ -44,12 +44,12 @@ constexpr int64_t kWeightRowSpacing = 16;  // floats added to a weight row: 64 b
 // oneDNN's AVX2 f32 GEMM (`gemm:jit`, the kernel oneDNN 2.6 and 3.7 pick on CPUs without
 // AVX-512) reads a prepacked weight in the plain (K, N) layout, and it slows down by up to 1.7x
 // when that layout's rows lie a multiple of 512 bytes apart (N = 128, 256, 512, 1024, ...): the
-// rows it reads together then fall into the same few sets of the L1 cache. Measured on an AMD
-// EPYC as on an AVX2 CPU (ONEDNN_MAX_CPU_ISA=AVX2), 2 threads: a Linear(1024, 1024) on 128 rows
-// 130 GFLOP/s with N floats per row, 208 with N + 16 (OpenBLAS, eager's GEMM: 173); at one thread
-// 63 against 109 (OpenBLAS 100); M1's first layer (64 x 784 x 512) 145 against 193; shapes whose
-// rows are not so spaced (N = 1000, 768, 10) the same either way. So such a weight is stored with
-// rows 16 floats longer. oneDNN's AVX-512 kernels choose a blocked layout: nothing changes there.
+// rows it reads together presumably map to the same cache sets (64 bytes more per row is
+// enough). Measured on an AMD EPYC as on an AVX2 CPU (ONEDNN_MAX_CPU_ISA=AVX2), 2 threads: a
+// Linear(1024, 1024) on 128 rows 130 GFLOP/s with N floats per row, 208 with N + 16 (OpenBLAS,
+// eager's GEMM: 173); at one thread 63 against 109 (OpenBLAS 100); M1's first layer
+// (64 x 784 x 512) 145 against 193; shapes whose rows are not so spaced (N = 1000, 768, 10) the
+// same either way. So such a weight is stored with rows 16 floats longer. oneDNN's AVX-512 kernels choose a blocked layout: nothing changes there.
 dnnl::matmul::primitive_desc with_spaced_weight_rows(dnnl::matmul::primitive_desc pd, const md_t& src,
                                                      const md_t& bias, const md_t& dst,
                                                      const dnnl::primitive_attr& attr) {
