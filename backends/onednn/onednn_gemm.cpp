@@ -68,13 +68,13 @@ dnnl::matmul::primitive_desc with_spaced_weight_rows(dnnl::matmul::primitive_des
 // oneDNN runs a matmul in an OpenMP region of every thread, whatever its size: `gemm:jit` (AVX2)
 // adds the bias and applies the post-ops in a region of the count its primitive descriptor was
 // created with and runs the GEMM with the count at the call; brgemm (AVX-512) reads the count at
-// the call. A small GEMM then pays a region's start and end, more than its arithmetic. Measured
-// (2 threads against one, a bias and tanh fused): as on AVX2, 8 x 16 x 32 5.1 against 1.4 us,
-// 32 x 64 x 64 11.0 against 3.0, 32 x 128 x 128 15.7 against 10.6; with AVX-512 brgemm, 32 x 64 x
-// 64 5.7 against 2.0, 32 x 128 x 128 8.4 against 6.4, M1's last layer (64 x 512 x 10) 8.1 against
-// 6.1; at 2^20 multiply-adds (64 x 128 x 128) two threads are as fast or 10% faster, beyond that
-// they win. LibTorch runs such GEMMs on one thread too. So a GEMM of at most 2^19 multiply-adds is
-// created and run at one thread.
+// the call. A small GEMM then pays a region's start and end, more than its arithmetic. Measured,
+// 2 threads against one: as on AVX2, with a bias, 8 x 16 x 32 (and tanh) 5.1 against 1.4 us,
+// 32 x 64 x 64 11.0 against 3.0, 32 x 128 x 128 15.7 against 10.6; with AVX-512 brgemm, a bias and
+// tanh, 32 x 64 x 64 5.7 against 2.0, 32 x 128 x 128 8.4 against 6.4, M1's last layer
+// (64 x 512 x 10) 8.1 against 6.1. At 2^20 multiply-adds (64 x 128 x 128) two threads are as fast
+// or 10% faster, beyond that they win; OpenBLAS, eager's GEMM, runs up to 2^18 on one thread. So a
+// GEMM of at most 2^19 multiply-adds is created and run at one thread.
 bool runs_on_one_thread(int64_t macs) { return macs > 0 && macs <= (int64_t(1) << 19) && at::get_num_threads() > 1; }
 
 std::string matmul_impl_label(const dnnl::matmul::primitive_desc& pd) {

@@ -1672,8 +1672,8 @@ TEST(OneDnnBackend, PlainWeightRowsAreSpacedOffMultiplesOf512Bytes) {
 
 // oneDNN runs every matmul in an OpenMP region of every thread, which costs a small GEMM more than
 // its arithmetic: GEMMs of at most 2^19 multiply-adds are created and run at one thread
-// (runs_on_one_thread), as LibTorch runs them. A Linear with tanh keeps one thread busy on small
-// shapes, as eager does, and two on a large one; results as eager's. CTest
+// (runs_on_one_thread; OpenBLAS runs up to 2^18 so). A Linear with tanh keeps one thread busy on
+// small shapes, as eager does, and two on a large one; results as eager's. CTest
 // `onednn_gemm_as_on_avx2` runs this test with ONEDNN_MAX_CPU_ISA=AVX2 (`gemm:jit`).
 TEST(OneDnnBackend, SmallGemmsRunOnOneThread) {
   if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "needs 2 cores";
