@@ -275,6 +275,9 @@ bool Compiler::emit_linear(Group& g, bool batched) {
     if (g.bias) bias_md = md_t({1, N}, dt::f32, tag::ab);
     if (!rows_vary_) macs = M * K * N;
   }
+  // A small GEMM's primitive is created (and later run) at one thread.
+  const bool one_thread = runs_on_one_thread(macs);
+  OneThreadScope one(one_thread);
   // Trim post-ops until oneDNN accepts the chain (never below the anchor itself).
   for (size_t kept = g.kept + 1; kept-- > 0;) {
     // A binary post-op's operand has fixed sizes: with run-time rows the chain stops before it.
@@ -300,16 +303,9 @@ bool Compiler::emit_linear(Group& g, bool batched) {
     g.kept = kept;
     auto s = std::make_unique<MatmulStep>();
     std::vector<uint32_t> reads;
-    if (runs_on_one_thread(macs)) {
-      OneThreadScope one(true);
-      auto alone = compat::matmul_pd(cpu_engine(), src_md, pd->weights_desc(), g.bias ? bias_md : md_t(), dst_md, attr);
-      if (std::string(alone.impl_info_str()) == pd->impl_info_str()) {
-        pd = alone;
-        s->one_thread = true;
-      }
-    }
+    s->one_thread = one_thread;
     s->prim = dnnl::matmul(*pd);
-    impls_.push_back(matmul_impl_label(*pd) + (s->one_thread ? ", one thread" : ""));
+    impls_.push_back(matmul_impl_label(*pd) + (one_thread ? ", one thread" : ""));
     s->src = plain_in(g.src);
     reads.push_back(s->src.slot);
     if (rows_vary_ && !batched) {
