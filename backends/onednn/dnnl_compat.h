@@ -158,15 +158,24 @@ inline dnnl::lbr_gru_forward::primitive_desc lbr_gru_forward_pd(const dnnl::engi
 
 /// The attributes of a uint8 x int8 matmul whose scales (source: one, given per call; weights:
 /// one per output column) and source zero point are given at run time.
+/// One zero point for the whole source, given at each execution (DNNL_ARG_ATTR_ZERO_POINTS |
+/// DNNL_ARG_SRC, one s32).
+inline void set_runtime_src_zero_point(dnnl::primitive_attr& attr) {
+#if DNNL_VERSION_MAJOR >= 3
+  attr.set_zero_points_mask(DNNL_ARG_SRC, 0);
+#else
+  attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
+#endif
+}
+
 inline void set_int8_dynamic_scales(dnnl::primitive_attr& attr) {
 #if DNNL_VERSION_MAJOR >= 3
   attr.set_scales_mask(DNNL_ARG_SRC, 0);
   attr.set_scales_mask(DNNL_ARG_WEIGHTS, 1 << 1);
-  attr.set_zero_points_mask(DNNL_ARG_SRC, 0);
 #else
   attr.set_output_scales(1 << 1, {DNNL_RUNTIME_F32_VAL});
-  attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
 #endif
+  set_runtime_src_zero_point(attr);
 }
 
 /// One call's run-time scales, zero point and bias of such a matmul. oneDNN 3 takes the source

@@ -11,6 +11,16 @@
 // optimizers write through `p.data()`, which does not bump the version. One matmul primitive per
 // (K, N, bias) serves every number of rows (oneDNN's run-time dimensions).
 //
+// int8 at a number of rows seen before runs another kernel: oneDNN 2.6 gives a matmul with
+// run-time rows or run-time scales only its `gemm:jit` (plain weight layout), while a 1x1
+// convolution over the rows as pixels, with the rows fixed, gets its blocked int8 kernels. Measured
+// (2 threads, u8 x s8 with a source zero point, GOP/s, matmul with run-time rows / 1x1
+// convolution): with VNNI 64x784x512 573 / 1416, 64x512x512 643 / 1323, 4096x512x2048 1426 /
+// 1578; the same CPU limited to AVX2 (`vpmaddubsw`) 261 / 418, 267 / 420, 386 / 424, 8x256x1024
+// 146 / 298. So the first call at a number of rows runs the matmul; the next ones a convolution
+// made for that number (its creation costs 0.15-0.4 ms, not paid for sizes seen once), writing
+// int32 sums that one pass turns into scale * sum + bias (the same arithmetic in oneDNN 2 and 3).
+//
 // int8: the input is quantized at each call, per tensor and asymmetric (uint8 with a zero point,
 // from its minimum and maximum); weights symmetric per output channel. A call whose input holds
 // a NaN or an infinity (int8 has neither) computes in float32, as eager does; so does a weight
@@ -32,6 +42,7 @@
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <set>
 #include <tuple>
 
 // at::parallel_for is an `omp parallel` region inline in LibTorch's headers: without OpenMP this
@@ -101,21 +112,107 @@ void quantize(const float* x, uint8_t* q, int64_t n, float inv, float zp) {
   at::parallel_for(0, n, 65536, [&](int64_t b, int64_t e) { kernel(x + b, q + b, e - b, inv, zp); });
 }
 
+// ---- the input's range: one pass for its minimum, maximum and whether every value is finite -----
+// (ATen's aminmax took 10 us on M1's 64 x 784 input, two item() calls included; this pass ~2.)
+
+struct Range {
+  float mn = INFINITY, mx = -INFINITY;
+  bool finite = true;
+  void merge(const Range& o) {
+    mn = std::min(mn, o.mn);
+    mx = std::max(mx, o.mx);
+    finite = finite && o.finite;
+  }
+};
+
+void range_scalar(const float* x, int64_t n, Range& r) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(x[i])) r.finite = false;
+    r.mn = std::min(r.mn, x[i]);
+    r.mx = std::max(r.mx, x[i]);
+  }
+}
+
+void merge_lanes(const float* mn, const float* mx, const float* bad, int lanes, Range& r) {
+  for (int k = 0; k < lanes; ++k) {
+    r.mn = std::min(r.mn, mn[k]);
+    r.mx = std::max(r.mx, mx[k]);
+    r.finite = r.finite && bad[k] == 0.f;
+  }
+}
+
+// `v - v` is 0 for a finite value and NaN for a NaN or an infinity; their sum keeps the NaN.
+#pragma GCC diagnostic push  // as quantize_avx512
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+__attribute__((target("avx512f"))) void range_avx512(const float* x, int64_t n, Range& r) {
+  __m512 mn = _mm512_set1_ps(INFINITY), mx = _mm512_set1_ps(-INFINITY), bad = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    mn = _mm512_min_ps(mn, v);
+    mx = _mm512_max_ps(mx, v);
+    bad = _mm512_add_ps(bad, _mm512_sub_ps(v, v));
+  }
+  float lanes[3][16];
+  _mm512_storeu_ps(lanes[0], mn);
+  _mm512_storeu_ps(lanes[1], mx);
+  _mm512_storeu_ps(lanes[2], bad);
+  merge_lanes(lanes[0], lanes[1], lanes[2], 16, r);
+  range_scalar(x + i, n - i, r);  // the tail
+}
+#pragma GCC diagnostic pop
+
+__attribute__((target("avx2"))) void range_avx2(const float* x, int64_t n, Range& r) {
+  __m256 mn = _mm256_set1_ps(INFINITY), mx = _mm256_set1_ps(-INFINITY), bad = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    mn = _mm256_min_ps(mn, v);
+    mx = _mm256_max_ps(mx, v);
+    bad = _mm256_add_ps(bad, _mm256_sub_ps(v, v));
+  }
+  float lanes[3][8];
+  _mm256_storeu_ps(lanes[0], mn);
+  _mm256_storeu_ps(lanes[1], mx);
+  _mm256_storeu_ps(lanes[2], bad);
+  merge_lanes(lanes[0], lanes[1], lanes[2], 8, r);
+  range_scalar(x + i, n - i, r);  // the tail
+}
+
+Range input_range(const float* x, int64_t n) {
+  const support::Isa isa = support::selected_isa();
+  auto kernel = isa == support::Isa::Avx512 ? &range_avx512 : isa == support::Isa::Avx2 ? &range_avx2 : &range_scalar;
+  Range all;
+  if (n < 65536) {  // inline, as quantize
+    kernel(x, n, all);
+    return all;
+  }
+  std::vector<Range> per_thread(at::get_num_threads());
+  at::parallel_for(0, n, 65536, [&](int64_t b, int64_t e) {
+    Range r;
+    kernel(x + b, e - b, r);
+    per_thread.at(at::get_thread_num()).merge(r);
+  });
+  for (const Range& r : per_thread) all.merge(r);
+  return all;
+}
+
 struct QParams {
   float scale = 1.f;
   int32_t zero_point = 0;
   bool finite = true;
 };
 
-// Per-tensor asymmetric parameters of `x` (the range always includes 0, so 0 is exact).
-QParams input_qparams(const at::Tensor& x) {
+// Per-tensor asymmetric parameters of the contiguous `x` (the range always includes 0, so 0 is
+// exact).
+QParams input_qparams(const float* x, int64_t n) {
   QParams p;
-  auto [mn_t, mx_t] = at::aminmax(x);
-  const float mn = std::min(mn_t.item<float>(), 0.f), mx = std::max(mx_t.item<float>(), 0.f);
-  if (!std::isfinite(mn) || !std::isfinite(mx)) {
+  const Range r = input_range(x, n);
+  if (!r.finite) {
     p.finite = false;
     return p;
   }
+  const float mn = std::min(r.mn, 0.f), mx = std::max(r.mx, 0.f);
   if (mx - mn > 0.f) {
     p.scale = (mx - mn) / 255.f;
     p.zero_point = static_cast<int32_t>(std::min(std::max(std::nearbyint(-mn / p.scale), 0.f), 255.f));
@@ -177,6 +274,42 @@ std::shared_ptr<const Prim> primitive(Kind kind, int64_t K, int64_t N, bool has_
   return p;
 }
 
+// ---- int8 at a fixed number of rows: a 1x1 convolution, one per (K, N, rows) --------------------
+
+struct RowsPrim {
+  dnnl::convolution_forward prim;
+  md_t wei_md;      // the weight layout it wants (may differ between numbers of rows)
+  md_t scratch_md;
+};
+
+// The (M, K) uint8 source as the convolution's NHWC image of 1 x M pixels; the (M, N) int32 sums
+// likewise.
+md_t rows_image_md(int64_t M, int64_t C, dt type) { return md_t({1, C, 1, M}, type, tag::nhwc); }
+
+std::shared_ptr<const RowsPrim> rows_primitive(int64_t K, int64_t N, int64_t M) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int64_t, int64_t, int64_t, int>, std::shared_ptr<const RowsPrim>> cache;
+  const auto key = std::make_tuple(K, N, M, at::get_num_threads());
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  dnnl::primitive_attr attr = user_scratchpad_attr();
+  compat::set_runtime_src_zero_point(attr);
+  auto pd = compat::conv_forward_pd(cpu_engine(), dnnl::prop_kind::forward_inference,
+                                    dnnl::algorithm::convolution_direct, rows_image_md(M, K, dt::u8),
+                                    md_t({N, K, 1, 1}, dt::s8, tag::any), md_t(), rows_image_md(M, N, dt::s32),
+                                    {1, 1}, {0, 0}, {0, 0}, {0, 0}, attr);
+  std::shared_ptr<RowsPrim> p;
+  if (!is_ref_impl(pd.impl_info_str())) {  // else the matmul serves these rows too
+    p = std::make_shared<RowsPrim>();
+    p->prim = dnnl::convolution_forward(pd);
+    p->wei_md = pd.weights_desc();
+    p->scratch_md = pd.scratchpad_desc();
+  }
+  cache.emplace(key, p);
+  return p;
+}
+
 // ---- packed weights -----------------------------------------------------------------------------
 
 struct PackedWeight {
@@ -187,7 +320,39 @@ struct PackedWeight {
   std::shared_ptr<const Prim> prim;
   at::Tensor packed;         // int8 / bf16 bytes in prim->wei_md, or (emulated) the rounded fp32 weight
   std::vector<float> scales; // int8: per output channel
+  at::Tensor plain;          // int8: the quantized weight (N, K), packed again for a convolution's layout
+
+  // int8: the numbers of rows called so far, and the weight packed for the convolutions of those
+  // called more than once (one copy per layout they want).
+  struct Fixed {
+    std::shared_ptr<const RowsPrim> prim;
+    const void* packed = nullptr;
+  };
+  Fixed fixed_rows(int64_t M) const;
+
+ private:
+  mutable std::mutex fixed_mutex_;
+  mutable std::set<int64_t> rows_called_;
+  mutable std::vector<std::pair<md_t, at::Tensor>> layouts_;
 };
+
+PackedWeight::Fixed PackedWeight::fixed_rows(int64_t M) const {
+  std::lock_guard<std::mutex> lock(fixed_mutex_);
+  if (!plain.defined() || rows_called_.insert(M).second) return {};  // the first call at M: the matmul
+  Fixed f;
+  f.prim = rows_primitive(plain.size(1), plain.size(0), M);
+  if (!f.prim) return {};
+  for (const auto& [md, bytes] : layouts_)
+    if (md == f.prim->wei_md) f.packed = bytes.data_ptr();
+  if (!f.packed) {
+    at::Tensor bytes = at::empty({static_cast<int64_t>(f.prim->wei_md.get_size()) + 64}, at::kByte);
+    reorder_now(md_t({plain.size(0), plain.size(1), 1, 1}, dt::s8, tag::oihw), plain.data_ptr(), f.prim->wei_md,
+                bytes.data_ptr());
+    layouts_.emplace_back(f.prim->wei_md, bytes);
+    f.packed = bytes.data_ptr();
+  }
+  return f;
+}
 
 // The weight's memory and layout, the kind of pack and the intra-op thread count (the packed
 // layout is the primitive's, made per count).
@@ -226,6 +391,7 @@ std::shared_ptr<const PackedWeight> pack(const at::Tensor& w, Kind kind, bool ha
     plain = at::clamp(at::round(w / scale.unsqueeze(1)), -qmax, qmax).to(at::kChar).contiguous();
     const at::Tensor s = scale.contiguous();
     p->scales.assign(s.data_ptr<float>(), s.data_ptr<float>() + N);
+    p->plain = plain;
     wt = dt::s8;
   } else {
     plain = w.to(at::kBFloat16).contiguous();
@@ -319,16 +485,99 @@ void run(const Prim& prim, const md_t& src_md, void* src, void* wei, const at::T
                           "could not execute a reduced-precision matmul");
 }
 
+// ---- int32 sums to the float32 result: y = float(sum) * scale[n] + bias[n], in place ---------------
+
+void dequantize_scalar(float* y, int64_t rows, int64_t N, const float* scale, const float* bias) {
+  for (int64_t m = 0; m < rows; ++m, y += N) {
+    const int32_t* acc = reinterpret_cast<const int32_t*>(y);
+    for (int64_t n = 0; n < N; ++n) y[n] = static_cast<float>(acc[n]) * scale[n] + (bias ? bias[n] : 0.f);
+  }
+}
+
+#pragma GCC diagnostic push  // as quantize_avx512
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+__attribute__((target("avx512f"))) void dequantize_avx512(float* y, int64_t rows, int64_t N, const float* scale,
+                                                          const float* bias) {
+  for (int64_t m = 0; m < rows; ++m, y += N) {
+    int64_t n = 0;
+    for (; n + 16 <= N; n += 16) {
+      __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(y + n)), _mm512_loadu_ps(scale + n));
+      if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + n));
+      _mm512_storeu_ps(y + n, v);
+    }
+    dequantize_scalar(y + n, 1, N - n, scale + n, bias ? bias + n : nullptr);  // the tail
+  }
+}
+#pragma GCC diagnostic pop
+
+__attribute__((target("avx2"))) void dequantize_avx2(float* y, int64_t rows, int64_t N, const float* scale,
+                                                     const float* bias) {
+  for (int64_t m = 0; m < rows; ++m, y += N) {
+    int64_t n = 0;
+    for (; n + 8 <= N; n += 8) {
+      const __m256i acc = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + n));
+      __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_loadu_ps(scale + n));
+      if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + n));
+      _mm256_storeu_ps(y + n, v);
+    }
+    dequantize_scalar(y + n, 1, N - n, scale + n, bias ? bias + n : nullptr);  // the tail
+  }
+}
+
+void dequantize(float* y, int64_t M, int64_t N, const float* scale, const float* bias) {
+  const support::Isa isa = support::selected_isa();
+  auto kernel = isa == support::Isa::Avx512 ? &dequantize_avx512
+                : isa == support::Isa::Avx2 ? &dequantize_avx2
+                                            : &dequantize_scalar;
+  // Inline below ~64 Ki elements, as quantize.
+  at::parallel_for(0, M, std::max<int64_t>(1, 65536 / std::max<int64_t>(N, 1)),
+                   [&](int64_t b, int64_t e) { kernel(y + b * N, e - b, N, scale, bias); });
+}
+
+// The GEMM at rows seen before: the convolution writes int32 sums into `g.out`, made float32 here.
+void run_fixed_rows(const PackedWeight::Fixed& f, const Gemm& g, const at::Tensor& q, const QParams& qp,
+                    const PackedWeight& pw, const c10::optional<at::Tensor>& b) {
+  const RowsPrim& prim = *f.prim;
+  ExecArgs args;
+  dnnl::memory src(rows_image_md(g.M, g.K, dt::u8), cpu_engine(), q.data_ptr()),
+      wei(prim.wei_md, cpu_engine(), const_cast<void*>(f.packed)),
+      dst(rows_image_md(g.M, g.N, dt::s32), cpu_engine(), g.out.data_ptr());
+  int32_t zero_point = qp.zero_point;
+  dnnl::memory zp(md_t({1}, dt::s32, tag::a), cpu_engine(), &zero_point);
+  args.add(DNNL_ARG_SRC, src);
+  args.add(DNNL_ARG_WEIGHTS, wei);
+  args.add(DNNL_ARG_DST, dst);
+  args.add(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, zp);
+  at::Tensor scratch;
+  std::optional<dnnl::memory> scratch_mem;
+  if (prim.scratch_md.get_size()) {
+    scratch = at::empty({static_cast<int64_t>(prim.scratch_md.get_size())}, at::kByte);
+    scratch_mem.emplace(prim.scratch_md, cpu_engine(), scratch.data_ptr());
+    args.add(DNNL_ARG_SCRATCHPAD, *scratch_mem);
+  }
+  dnnl::error::wrap_c_api(dnnl_primitive_execute(prim.prim.get(), stream().get(), args.n, args.a),
+                          "could not execute an int8 convolution");
+  std::vector<float> scale(pw.scales.size());
+  for (size_t n = 0; n < scale.size(); ++n) scale[n] = qp.scale * pw.scales[n];
+  const at::Tensor bias = b && b->defined() ? b->contiguous() : at::Tensor();
+  dequantize(g.out.data_ptr<float>(), g.M, g.N, scale.data(), bias.defined() ? bias.data_ptr<float>() : nullptr);
+}
+
 at::Tensor linear_int8_dynamic(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b) {
   check_args("torchcompile::linear_int8_dynamic", x, w, b);
   const bool has_bias = b && b->defined();
   if (x.numel() == 0) return at::linear(x, w, b);
   auto pw = packed_weight(w, Kind::Int8, has_bias);
-  const QParams qp = pw->nonfinite ? QParams{} : input_qparams(x);
-  if (pw->nonfinite || !qp.finite) return at::linear(x, w, b);  // NaN / infinity: as eager
+  if (pw->nonfinite) return at::linear(x, w, b);  // NaN / infinity: as eager
   Gemm g = prepare(x, w);
+  const QParams qp = input_qparams(g.x2.data_ptr<float>(), g.M * g.K);
+  if (!qp.finite) return at::linear(x, w, b);
   at::Tensor q = at::empty({g.M, g.K}, x.options().dtype(at::kByte));
   quantize(g.x2.data_ptr<float>(), q.data_ptr<uint8_t>(), g.M * g.K, 1.f / qp.scale, static_cast<float>(qp.zero_point));
+  if (const PackedWeight::Fixed f = pw->fixed_rows(g.M); f.prim) {
+    run_fixed_rows(f, g, q, qp, *pw, b);
+    return g.out.view(g.out_sizes);
+  }
   // Scales and zero point as oneDNN's version takes them (dnnl_compat.h).
   compat::Int8Scales sc(qp.scale, pw->scales, qp.zero_point, has_bias ? b->contiguous() : at::Tensor());
   ExecArgs args;

@@ -67,7 +67,9 @@ using torchcompile_examples::M5;
 
 // Random shapes (rows 1..70, 2-D and 3-D, non-contiguous inputs, with and without bias): the int8
 // kernel equals the same quantization done in float32 (int32 accumulation is exact; only the
-// float32 reference's rounding and the last step's differ).
+// float32 reference's rounding and the last step's differ). Each shape is called twice: the first
+// call at a number of rows runs oneDNN's matmul with run-time rows, the second a 1x1 convolution
+// made for those rows (onednn_precision.cpp).
 TEST(Precision, Int8KernelMatchesItsArithmeticOnRandomShapes) {
   if (!have_kernels()) GTEST_SKIP() << "no oneDNN in this build";
   torch::NoGradGuard no_grad;
@@ -80,12 +82,55 @@ TEST(Precision, Int8KernelMatchesItsArithmeticOnRandomShapes) {
     if (trial % 4 == 1) x = torch::relu(x);  // one-sided: the zero point matters
     auto w = torch::randn({N, K}) * 0.1;
     auto b = trial % 2 ? torch::randn({N}) : torch::Tensor();
-    auto y = op.typed<at::Tensor(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&)>().call(
-        x, w, b.defined() ? c10::optional<at::Tensor>(b) : c10::nullopt);
     auto ref = fake_quant_linear(x, w, b);
-    ASSERT_EQ(y.sizes(), ref.sizes());
-    EXPECT_LT(rel_error(y, ref), 1e-4) << "M " << M << " K " << K << " N " << N << " trial " << trial;
-    EXPECT_LT(rel_error(y, torch::linear(x, w, b)), 0.05) << "trial " << trial;
+    for (const char* call : {"first", "second"}) {
+      auto y = op.typed<at::Tensor(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&)>().call(
+          x, w, b.defined() ? c10::optional<at::Tensor>(b) : c10::nullopt);
+      ASSERT_EQ(y.sizes(), ref.sizes());
+      EXPECT_LT(rel_error(y, ref), 1e-4) << call << " call, M " << M << " K " << K << " N " << N << " trial " << trial;
+      EXPECT_LT(rel_error(y, torch::linear(x, w, b)), 0.05) << call << " call, trial " << trial;
+    }
+  }
+}
+
+// The input's range is found by one vectorized pass, split over the threads from 64 Ki elements:
+// inputs small and large (tails of every length), the extreme values and one non-finite value
+// (NaN, +inf, -inf) at random places. Finite inputs match the arithmetic; a non-finite value
+// makes the call float32, as eager.
+TEST(Precision, Int8InputRangeAndNonFiniteValuesAtRandomPlaces) {
+  if (!have_kernels()) GTEST_SKIP() << "no oneDNN in this build";
+  torch::NoGradGuard no_grad;
+  std::mt19937 rng(99);
+  auto op = c10::Dispatcher::singleton().findSchemaOrThrow("torchcompile::linear_int8_dynamic", "");
+  auto call = [&](const torch::Tensor& x, const torch::Tensor& w) {
+    return op.typed<at::Tensor(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&)>().call(
+        x, w, c10::nullopt);
+  };
+  struct TwoThreads {  // the pass splits over threads only when there are several
+    int saved = at::get_num_threads();
+    TwoThreads() { at::set_num_threads(2); }
+    ~TwoThreads() { at::set_num_threads(saved); }
+  } two_threads;
+  const float specials[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity()};
+  for (int trial = 0; trial < 36; ++trial) {
+    const int64_t M = trial % 2 == 0 ? 300 + rng() % 200 : 1 + rng() % 40, K = 1 + rng() % 400;
+    torch::manual_seed(trial);
+    auto x = torch::randn({M, K});
+    auto w = torch::randn({16, K}) * 0.1;
+    // A place: the last element (in a tail), one in the second half (another thread's part), any.
+    const int64_t n = M * K;
+    auto place = [&](int kind) {
+      return kind == 0 ? n - 1 : kind == 1 ? n / 2 + static_cast<int64_t>(rng() % (n - n / 2)) : static_cast<int64_t>(rng() % n);
+    };
+    const int64_t at = place(trial % 3);
+    x.view(-1)[at] = trial % 2 ? 9.f : -9.f;  // the extreme value
+    EXPECT_LT(rel_error(call(x, w), fake_quant_linear(x, w, torch::Tensor())), 1e-4)
+        << "M " << M << " K " << K << " extreme at " << at;
+    x.view(-1)[place((trial / 3) % 3)] = specials[trial % 3];
+    auto y = call(x, w), ref = torch::linear(x, w);
+    EXPECT_TRUE(torch::equal(torch::isnan(y), torch::isnan(ref))) << "M " << M << " K " << K;
+    EXPECT_TRUE(torch::allclose(y.nan_to_num(0, 0, 0), ref.nan_to_num(0, 0, 0), 1e-5, 1e-5)) << "M " << M << " K " << K;
   }
 }
 
