@@ -11,15 +11,18 @@
 // optimizers write through `p.data()`, which does not bump the version. One matmul primitive per
 // (K, N, bias) serves every number of rows (oneDNN's run-time dimensions).
 //
-// int8 at a number of rows seen before runs another kernel: oneDNN 2.6 gives a matmul with
-// run-time rows or run-time scales only its `gemm:jit` (plain weight layout), while a 1x1
-// convolution over the rows as pixels, with the rows fixed, gets its blocked int8 kernels. Measured
-// (2 threads, u8 x s8 with a source zero point, GOP/s, matmul with run-time rows / 1x1
-// convolution): with VNNI 64x784x512 573 / 1416, 64x512x512 643 / 1323, 4096x512x2048 1426 /
+// A number of rows seen before runs another kernel: oneDNN 2.6 gives a matmul with run-time rows
+// (or, int8, run-time scales) only its `gemm:jit` with the weight in the plain layout, while a
+// primitive made for a fixed number of rows gets the blocked kernels: for bfloat16 a matmul
+// (`brg:avx512_core_bf16`), for int8 a 1x1 convolution over the rows as pixels (`brgconv_1x1`
+// with VNNI, `jit_uni_int8_1x1:avx2` on AVX2; a fixed-rows int8 matmul would still need run-time
+// scales), writing int32 sums that one pass turns into scale * sum + bias (the same arithmetic in
+// oneDNN 2 and 3). Measured (2 threads, run-time rows / fixed rows): int8 with a source zero
+// point, GOP/s, with VNNI 64x784x512 573 / 1416, 64x512x512 643 / 1323, 4096x512x2048 1426 /
 // 1578; the same CPU limited to AVX2 (`vpmaddubsw`) 261 / 418, 267 / 420, 386 / 424, 8x256x1024
-// 146 / 298. So the first call at a number of rows runs the matmul; the next ones a convolution
-// made for that number (its creation costs 0.15-0.4 ms, not paid for sizes seen once), writing
-// int32 sums that one pass turns into scale * sum + bias (the same arithmetic in oneDNN 2 and 3).
+// 146 / 298; bfloat16, GFLOP/s, 64x784x512 491 / 711, 64x512x512 479 / 703, 1024x256x768 600 /
+// 728. So the first call at a number of rows runs the run-time-rows matmul; the next ones the
+// primitive made for that number (its creation costs 0.15-0.4 ms, not paid for sizes seen once).
 //
 // int8: the input is quantized at each call, per tensor and asymmetric (uint8 with a zero point,
 // from its minimum and maximum); weights symmetric per output channel. A call whose input holds
@@ -244,8 +247,8 @@ bool bf16_native() {
 // ---- primitives: one per (kind, K, N, bias), any number of rows ----------------------------------
 
 struct Prim {
-  dnnl::matmul prim;
-  md_t wei_md;      // the packed weight's layout
+  dnnl::primitive prim;  // a matmul, or (int8 at fixed rows) a convolution
+  md_t wei_md;           // the packed weight's layout
   md_t scratch_md;
 };
 
@@ -274,38 +277,44 @@ std::shared_ptr<const Prim> primitive(Kind kind, int64_t K, int64_t N, bool has_
   return p;
 }
 
-// ---- int8 at a fixed number of rows: a 1x1 convolution, one per (K, N, rows) --------------------
-
-struct RowsPrim {
-  dnnl::convolution_forward prim;
-  md_t wei_md;      // the weight layout it wants (may differ between numbers of rows)
-  md_t scratch_md;
-};
+// ---- at a fixed number of rows: int8 as a 1x1 convolution, bfloat16 as a matmul -----------------
 
 // The (M, K) uint8 source as the convolution's NHWC image of 1 x M pixels; the (M, N) int32 sums
 // likewise.
 md_t rows_image_md(int64_t M, int64_t C, dt type) { return md_t({1, C, 1, M}, type, tag::nhwc); }
 
-std::shared_ptr<const RowsPrim> rows_primitive(int64_t K, int64_t N, int64_t M) {
+// One per (kind, K, N, rows, bias, thread count); null where oneDNN has only a reference kernel
+// (the run-time-rows matmul then serves these rows too).
+std::shared_ptr<const Prim> rows_primitive(Kind kind, int64_t K, int64_t N, int64_t M, bool has_bias) {
   static std::mutex mutex;
-  static std::map<std::tuple<int64_t, int64_t, int64_t, int>, std::shared_ptr<const RowsPrim>> cache;
-  const auto key = std::make_tuple(K, N, M, at::get_num_threads());
+  static std::map<std::tuple<int, int64_t, int64_t, int64_t, bool, int>, std::shared_ptr<const Prim>> cache;
+  const auto key = std::make_tuple(static_cast<int>(kind), K, N, M, has_bias, at::get_num_threads());
   std::lock_guard<std::mutex> lock(mutex);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   dnnl::primitive_attr attr = user_scratchpad_attr();
-  compat::set_runtime_src_zero_point(attr);
-  auto pd = compat::conv_forward_pd(cpu_engine(), dnnl::prop_kind::forward_inference,
-                                    dnnl::algorithm::convolution_direct, rows_image_md(M, K, dt::u8),
-                                    md_t({N, K, 1, 1}, dt::s8, tag::any), md_t(), rows_image_md(M, N, dt::s32),
-                                    {1, 1}, {0, 0}, {0, 0}, {0, 0}, attr);
-  std::shared_ptr<RowsPrim> p;
-  if (!is_ref_impl(pd.impl_info_str())) {  // else the matmul serves these rows too
-    p = std::make_shared<RowsPrim>();
+  std::shared_ptr<Prim> p = std::make_shared<Prim>();
+  std::string impl;
+  if (kind == Kind::Int8) {
+    compat::set_runtime_src_zero_point(attr);
+    auto pd = compat::conv_forward_pd(cpu_engine(), dnnl::prop_kind::forward_inference,
+                                      dnnl::algorithm::convolution_direct, rows_image_md(M, K, dt::u8),
+                                      md_t({N, K, 1, 1}, dt::s8, tag::any), md_t(), rows_image_md(M, N, dt::s32),
+                                      {1, 1}, {0, 0}, {0, 0}, {0, 0}, attr);
+    impl = pd.impl_info_str();
     p->prim = dnnl::convolution_forward(pd);
     p->wei_md = pd.weights_desc();
     p->scratch_md = pd.scratchpad_desc();
+  } else {
+    const md_t bias = has_bias ? md_t({1, N}, dt::f32, tag::ab) : md_t();
+    auto pd = compat::matmul_pd(cpu_engine(), md_t({M, K}, dt::bf16, tag::ab), md_t({K, N}, dt::bf16, tag::any), bias,
+                                md_t({M, N}, dt::f32, tag::ab), attr);
+    impl = pd.impl_info_str();
+    p->prim = dnnl::matmul(pd);
+    p->wei_md = pd.weights_desc();
+    p->scratch_md = pd.scratchpad_desc();
   }
+  if (is_ref_impl(impl.c_str())) p.reset();
   cache.emplace(key, p);
   return p;
 }
@@ -320,12 +329,14 @@ struct PackedWeight {
   std::shared_ptr<const Prim> prim;
   at::Tensor packed;         // int8 / bf16 bytes in prim->wei_md, or (emulated) the rounded fp32 weight
   std::vector<float> scales; // int8: per output channel
-  at::Tensor plain;          // int8: the quantized weight (N, K), packed again for a convolution's layout
+  Kind kind = Kind::Int8;
+  bool has_bias = false;
+  at::Tensor plain;          // the int8 / bf16 weight (N, K), packed again for the fixed-rows kernels
 
-  // int8: the numbers of rows called so far, and the weight packed for the convolutions of those
-  // called more than once (one copy per layout they want).
+  // The numbers of rows called so far, and the weight packed for the kernels of those called more
+  // than once (one copy per layout they want).
   struct Fixed {
-    std::shared_ptr<const RowsPrim> prim;
+    std::shared_ptr<const Prim> prim;
     const void* packed = nullptr;
   };
   Fixed fixed_rows(int64_t M) const;
@@ -340,14 +351,15 @@ PackedWeight::Fixed PackedWeight::fixed_rows(int64_t M) const {
   std::lock_guard<std::mutex> lock(fixed_mutex_);
   if (!plain.defined() || rows_called_.insert(M).second) return {};  // the first call at M: the matmul
   Fixed f;
-  f.prim = rows_primitive(plain.size(1), plain.size(0), M);
+  const int64_t N = plain.size(0), K = plain.size(1);
+  f.prim = rows_primitive(kind, K, N, M, has_bias);
   if (!f.prim) return {};
   for (const auto& [md, bytes] : layouts_)
     if (md == f.prim->wei_md) f.packed = bytes.data_ptr();
   if (!f.packed) {
     at::Tensor bytes = at::empty({static_cast<int64_t>(f.prim->wei_md.get_size()) + 64}, at::kByte);
-    reorder_now(md_t({plain.size(0), plain.size(1), 1, 1}, dt::s8, tag::oihw), plain.data_ptr(), f.prim->wei_md,
-                bytes.data_ptr());
+    const md_t user = kind == Kind::Int8 ? md_t({N, K, 1, 1}, dt::s8, tag::oihw) : md_t({K, N}, dt::bf16, dims{1, K});
+    reorder_now(user, plain.data_ptr(), f.prim->wei_md, bytes.data_ptr());
     layouts_.emplace_back(f.prim->wei_md, bytes);
     f.packed = bytes.data_ptr();
   }
@@ -391,12 +403,14 @@ std::shared_ptr<const PackedWeight> pack(const at::Tensor& w, Kind kind, bool ha
     plain = at::clamp(at::round(w / scale.unsqueeze(1)), -qmax, qmax).to(at::kChar).contiguous();
     const at::Tensor s = scale.contiguous();
     p->scales.assign(s.data_ptr<float>(), s.data_ptr<float>() + N);
-    p->plain = plain;
     wt = dt::s8;
   } else {
     plain = w.to(at::kBFloat16).contiguous();
     wt = dt::bf16;
   }
+  p->kind = kind;
+  p->has_bias = has_bias;
+  p->plain = plain;
   const md_t user({K, N}, wt, dims{1, K});
   p->packed = at::empty({static_cast<int64_t>(p->prim->wei_md.get_size()) + 64}, at::kByte);
   reorder_now(user, plain.data_ptr(), p->prim->wei_md, p->packed.data_ptr());
@@ -537,7 +551,7 @@ void dequantize(float* y, int64_t M, int64_t N, const float* scale, const float*
 // The GEMM at rows seen before: the convolution writes int32 sums into `g.out`, made float32 here.
 void run_fixed_rows(const PackedWeight::Fixed& f, const Gemm& g, const at::Tensor& q, const QParams& qp,
                     const PackedWeight& pw, const c10::optional<at::Tensor>& b) {
-  const RowsPrim& prim = *f.prim;
+  const Prim& prim = *f.prim;
   ExecArgs args;
   dnnl::memory src(rows_image_md(g.M, g.K, dt::u8), cpu_engine(), q.data_ptr()),
       wei(prim.wei_md, cpu_engine(), const_cast<void*>(f.packed)),
@@ -602,8 +616,10 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& w, const c10::opti
   ExecArgs args;
   std::vector<dnnl::memory> keep;
   keep.reserve(8);
-  run(*pw->prim, md_t({g.M, g.K}, dt::bf16, tag::ab), xb.data_ptr(), pw->packed.data_ptr(), g.out,
-      has_bias ? bias.data_ptr<float>() : nullptr, args, keep);
+  const PackedWeight::Fixed f = pw->fixed_rows(g.M);
+  run(f.prim ? *f.prim : *pw->prim, md_t({g.M, g.K}, dt::bf16, tag::ab), xb.data_ptr(),
+      f.prim ? const_cast<void*>(f.packed) : pw->packed.data_ptr(), g.out, has_bias ? bias.data_ptr<float>() : nullptr,
+      args, keep);
   return g.out.view(g.out_sizes);
 }
 
