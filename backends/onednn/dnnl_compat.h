@@ -168,6 +168,13 @@ inline void set_runtime_src_zero_point(dnnl::primitive_attr& attr) {
 #endif
 }
 
+/// How the int8 GEMM at a fixed number of rows (uint8 source with a run-time zero point, int8
+/// weight, int32 sums) is made. oneDNN 2 gives int8 matmuls only `gemm:jit` with the weight in the
+/// plain layout, but a 1x1 convolution over the rows as pixels its blocked kernels: a convolution.
+/// oneDNN 3.6 divides by zero (SIGFPE) creating such a convolution for some shapes (256 -> 1024
+/// channels over 32 pixels, with VNNI), and gives fixed-rows matmuls its brgemm kernels: a matmul.
+inline constexpr bool kInt8RowsAsConvolution = DNNL_VERSION_MAJOR < 3;
+
 inline void set_int8_dynamic_scales(dnnl::primitive_attr& attr) {
 #if DNNL_VERSION_MAJOR >= 3
   attr.set_scales_mask(DNNL_ARG_SRC, 0);

@@ -247,9 +247,10 @@ bool bf16_native() {
 // ---- primitives: one per (kind, K, N, bias), any number of rows ----------------------------------
 
 struct Prim {
-  dnnl::primitive prim;  // a matmul, or (int8 at fixed rows) a convolution
+  dnnl::primitive prim;  // a matmul, or (int8 at fixed rows, oneDNN 2) a convolution
   md_t wei_md;           // the packed weight's layout
   md_t scratch_md;
+  md_t src_md, dst_md, user_wei_md;  // fixed rows: the operands as it takes them, the weight (N, K) as plain
 };
 
 std::shared_ptr<const Prim> primitive(Kind kind, int64_t K, int64_t N, bool has_bias) {
@@ -279,10 +280,6 @@ std::shared_ptr<const Prim> primitive(Kind kind, int64_t K, int64_t N, bool has_
 
 // ---- at a fixed number of rows: int8 as a 1x1 convolution, bfloat16 as a matmul -----------------
 
-// The (M, K) uint8 source as the convolution's NHWC image of 1 x M pixels; the (M, N) int32 sums
-// likewise.
-md_t rows_image_md(int64_t M, int64_t C, dt type) { return md_t({1, C, 1, M}, type, tag::nhwc); }
-
 // One per (kind, K, N, rows, bias, thread count); null where oneDNN has only a reference kernel
 // (the run-time-rows matmul then serves these rows too).
 std::shared_ptr<const Prim> rows_primitive(Kind kind, int64_t K, int64_t N, int64_t M, bool has_bias) {
@@ -295,24 +292,31 @@ std::shared_ptr<const Prim> rows_primitive(Kind kind, int64_t K, int64_t N, int6
   dnnl::primitive_attr attr = user_scratchpad_attr();
   std::shared_ptr<Prim> p = std::make_shared<Prim>();
   std::string impl;
-  if (kind == Kind::Int8) {
-    compat::set_runtime_src_zero_point(attr);
+  auto keep = [&](const auto& pd, const md_t& user_wei) {
+    impl = pd.impl_info_str();
+    p->wei_md = pd.weights_desc();
+    p->scratch_md = pd.scratchpad_desc();
+    p->src_md = pd.src_desc();
+    p->dst_md = pd.dst_desc();
+    p->user_wei_md = user_wei;
+  };
+  const dt in = kind == Kind::Int8 ? dt::u8 : dt::bf16, wt = kind == Kind::Int8 ? dt::s8 : dt::bf16,
+           out = kind == Kind::Int8 ? dt::s32 : dt::f32;  // int8: sums, made float32 by dequantize()
+  if (kind == Kind::Int8) compat::set_runtime_src_zero_point(attr);
+  if (kind == Kind::Int8 && compat::kInt8RowsAsConvolution) {
+    // The (M, K) source as an NHWC image of 1 x M pixels, the (M, N) sums likewise.
     auto pd = compat::conv_forward_pd(cpu_engine(), dnnl::prop_kind::forward_inference,
-                                      dnnl::algorithm::convolution_direct, rows_image_md(M, K, dt::u8),
-                                      md_t({N, K, 1, 1}, dt::s8, tag::any), md_t(), rows_image_md(M, N, dt::s32),
+                                      dnnl::algorithm::convolution_direct, md_t({1, K, 1, M}, in, tag::nhwc),
+                                      md_t({N, K, 1, 1}, wt, tag::any), md_t(), md_t({1, N, 1, M}, out, tag::nhwc),
                                       {1, 1}, {0, 0}, {0, 0}, {0, 0}, attr);
-    impl = pd.impl_info_str();
+    keep(pd, md_t({N, K, 1, 1}, wt, tag::oihw));
     p->prim = dnnl::convolution_forward(pd);
-    p->wei_md = pd.weights_desc();
-    p->scratch_md = pd.scratchpad_desc();
   } else {
-    const md_t bias = has_bias ? md_t({1, N}, dt::f32, tag::ab) : md_t();
-    auto pd = compat::matmul_pd(cpu_engine(), md_t({M, K}, dt::bf16, tag::ab), md_t({K, N}, dt::bf16, tag::any), bias,
-                                md_t({M, N}, dt::f32, tag::ab), attr);
-    impl = pd.impl_info_str();
+    const md_t bias = has_bias && kind != Kind::Int8 ? md_t({1, N}, dt::f32, tag::ab) : md_t();
+    auto pd = compat::matmul_pd(cpu_engine(), md_t({M, K}, in, tag::ab), md_t({K, N}, wt, tag::any), bias,
+                                md_t({M, N}, out, tag::ab), attr);
+    keep(pd, md_t({K, N}, wt, dims{1, K}));
     p->prim = dnnl::matmul(pd);
-    p->wei_md = pd.weights_desc();
-    p->scratch_md = pd.scratchpad_desc();
   }
   if (is_ref_impl(impl.c_str())) p.reset();
   cache.emplace(key, p);
@@ -351,15 +355,13 @@ PackedWeight::Fixed PackedWeight::fixed_rows(int64_t M) const {
   std::lock_guard<std::mutex> lock(fixed_mutex_);
   if (!plain.defined() || rows_called_.insert(M).second) return {};  // the first call at M: the matmul
   Fixed f;
-  const int64_t N = plain.size(0), K = plain.size(1);
-  f.prim = rows_primitive(kind, K, N, M, has_bias);
+  f.prim = rows_primitive(kind, plain.size(1), plain.size(0), M, has_bias);
   if (!f.prim) return {};
   for (const auto& [md, bytes] : layouts_)
     if (md == f.prim->wei_md) f.packed = bytes.data_ptr();
   if (!f.packed) {
     at::Tensor bytes = at::empty({static_cast<int64_t>(f.prim->wei_md.get_size()) + 64}, at::kByte);
-    const md_t user = kind == Kind::Int8 ? md_t({N, K, 1, 1}, dt::s8, tag::oihw) : md_t({K, N}, dt::bf16, dims{1, K});
-    reorder_now(user, plain.data_ptr(), f.prim->wei_md, bytes.data_ptr());
+    reorder_now(f.prim->user_wei_md, plain.data_ptr(), f.prim->wei_md, bytes.data_ptr());
     layouts_.emplace_back(f.prim->wei_md, bytes);
     f.packed = bytes.data_ptr();
   }
@@ -548,14 +550,13 @@ void dequantize(float* y, int64_t M, int64_t N, const float* scale, const float*
                    [&](int64_t b, int64_t e) { kernel(y + b * N, e - b, N, scale, bias); });
 }
 
-// The GEMM at rows seen before: the convolution writes int32 sums into `g.out`, made float32 here.
+// The GEMM at rows seen before: it writes int32 sums into `g.out`, made float32 here.
 void run_fixed_rows(const PackedWeight::Fixed& f, const Gemm& g, const at::Tensor& q, const QParams& qp,
                     const PackedWeight& pw, const c10::optional<at::Tensor>& b) {
   const Prim& prim = *f.prim;
   ExecArgs args;
-  dnnl::memory src(rows_image_md(g.M, g.K, dt::u8), cpu_engine(), q.data_ptr()),
-      wei(prim.wei_md, cpu_engine(), const_cast<void*>(f.packed)),
-      dst(rows_image_md(g.M, g.N, dt::s32), cpu_engine(), g.out.data_ptr());
+  dnnl::memory src(prim.src_md, cpu_engine(), q.data_ptr()), wei(prim.wei_md, cpu_engine(), const_cast<void*>(f.packed)),
+      dst(prim.dst_md, cpu_engine(), g.out.data_ptr());
   int32_t zero_point = qp.zero_point;
   dnnl::memory zp(md_t({1}, dt::s32, tag::a), cpu_engine(), &zero_point);
   args.add(DNNL_ARG_SRC, src);
