@@ -280,15 +280,25 @@ std::shared_ptr<const Prim> primitive(Kind kind, int64_t K, int64_t N, bool has_
 
 // ---- at a fixed number of rows: int8 as a 1x1 convolution, bfloat16 as a matmul -----------------
 
-// One per (kind, K, N, rows, bias, thread count); null where oneDNN has only a reference kernel
-// (the run-time-rows matmul then serves these rows too).
+// At most this many numbers of rows get a primitive of their own per weight shape (each holds
+// generated code): a server whose batches take every size up to 64 gets one for each, while
+// sizes that vary without bound (tokens of variable-length batches) leave the later ones on the
+// run-time-rows matmul.
+constexpr size_t kMaxRowCounts = 64;
+
+// One per (kind, K, N, rows, bias, thread count); null where oneDNN has only a reference kernel or
+// the shape has kMaxRowCounts already (the run-time-rows matmul then serves these rows too).
 std::shared_ptr<const Prim> rows_primitive(Kind kind, int64_t K, int64_t N, int64_t M, bool has_bias) {
   static std::mutex mutex;
   static std::map<std::tuple<int, int64_t, int64_t, int64_t, bool, int>, std::shared_ptr<const Prim>> cache;
+  static std::map<std::tuple<int, int64_t, int64_t, bool, int>, size_t> row_counts;
   const auto key = std::make_tuple(static_cast<int>(kind), K, N, M, has_bias, at::get_num_threads());
   std::lock_guard<std::mutex> lock(mutex);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
+  size_t& counts = row_counts[std::make_tuple(static_cast<int>(kind), K, N, has_bias, at::get_num_threads())];
+  if (counts >= kMaxRowCounts) return nullptr;
+  ++counts;
   dnnl::primitive_attr attr = user_scratchpad_attr();
   std::shared_ptr<Prim> p = std::make_shared<Prim>();
   std::string impl;

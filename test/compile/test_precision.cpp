@@ -93,6 +93,25 @@ TEST(Precision, Int8KernelMatchesItsArithmeticOnRandomShapes) {
   }
 }
 
+// Every number of rows from 1 to 80, twice each, for one weight: the first 64 numbers called twice
+// get int8 kernels of their own, later ones stay on the run-time-rows matmul; all give the
+// arithmetic's result.
+TEST(Precision, Int8ManyNumbersOfRows) {
+  if (!have_kernels()) GTEST_SKIP() << "no oneDNN in this build";
+  torch::NoGradGuard no_grad;
+  auto op = c10::Dispatcher::singleton().findSchemaOrThrow("torchcompile::linear_int8_dynamic", "");
+  torch::manual_seed(5);
+  auto w = torch::randn({29, 37}) * 0.1, b = torch::randn({29});  // a shape no other test uses
+  for (int64_t M = 1; M <= 80; ++M) {
+    auto x = torch::randn({M, 37});
+    auto ref = fake_quant_linear(x, w, b);
+    for (const char* call : {"first", "second"}) {
+      auto y = op.typed<at::Tensor(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&)>().call(x, w, b);
+      EXPECT_LT(rel_error(y, ref), 1e-4) << call << " call, M " << M;
+    }
+  }
+}
+
 // bfloat16 on random shapes, twice each (the first call at a number of rows runs the matmul with
 // run-time rows, the second one made for those rows): the same numbers as bfloat16 inputs and
 // weights with a float32 GEMM, up to the summation order.
