@@ -43,6 +43,7 @@
 #include <immintrin.h>
 
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <set>
@@ -514,10 +515,12 @@ void run(const Prim& prim, const md_t& src_md, void* src, void* wei, const at::T
 // ---- int32 sums to the float32 result: y = float(sum) * scale[n] + bias[n], in place ---------------
 
 void dequantize_scalar(float* y, int64_t rows, int64_t N, const float* scale, const float* bias) {
-  for (int64_t m = 0; m < rows; ++m, y += N) {
-    const int32_t* acc = reinterpret_cast<const int32_t*>(y);
-    for (int64_t n = 0; n < N; ++n) y[n] = static_cast<float>(acc[n]) * scale[n] + (bias ? bias[n] : 0.f);
-  }
+  for (int64_t m = 0; m < rows; ++m, y += N)
+    for (int64_t n = 0; n < N; ++n) {
+      int32_t sum;
+      std::memcpy(&sum, y + n, sizeof sum);  // the int32 the GEMM wrote there
+      y[n] = static_cast<float>(sum) * scale[n] + (bias ? bias[n] : 0.f);
+    }
 }
 
 #pragma GCC diagnostic push  // as quantize_avx512
@@ -581,7 +584,7 @@ void run_fixed_rows(const PackedWeight::Fixed& f, const Gemm& g, const at::Tenso
     args.add(DNNL_ARG_SCRATCHPAD, *scratch_mem);
   }
   dnnl::error::wrap_c_api(dnnl_primitive_execute(prim.prim.get(), stream().get(), args.n, args.a),
-                          "could not execute an int8 convolution");
+                          "could not execute an int8 GEMM at fixed rows");
   std::vector<float> scale(pw.scales.size());
   for (size_t n = 0; n < scale.size(); ++n) scale[n] = qp.scale * pw.scales[n];
   const at::Tensor bias = b && b->defined() ? b->contiguous() : at::Tensor();
