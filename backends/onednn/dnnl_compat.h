@@ -156,8 +156,6 @@ inline dnnl::lbr_gru_forward::primitive_desc lbr_gru_forward_pd(const dnnl::engi
 #endif
 }
 
-/// The attributes of a uint8 x int8 matmul whose scales (source: one, given per call; weights:
-/// one per output column) and source zero point are given at run time.
 /// One zero point for the whole source, given at each execution (DNNL_ARG_ATTR_ZERO_POINTS |
 /// DNNL_ARG_SRC, one s32).
 inline void set_runtime_src_zero_point(dnnl::primitive_attr& attr) {
@@ -175,6 +173,8 @@ inline void set_runtime_src_zero_point(dnnl::primitive_attr& attr) {
 /// channels over 32 pixels, with VNNI), and gives fixed-rows matmuls its brgemm kernels: a matmul.
 inline constexpr bool kInt8RowsAsConvolution = DNNL_VERSION_MAJOR < 3;
 
+/// The attributes of a uint8 x int8 matmul whose scales (source: one, given per call; weights:
+/// one per output column) and source zero point are given at run time.
 inline void set_int8_dynamic_scales(dnnl::primitive_attr& attr) {
 #if DNNL_VERSION_MAJOR >= 3
   attr.set_scales_mask(DNNL_ARG_SRC, 0);

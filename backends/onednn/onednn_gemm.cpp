@@ -49,7 +49,8 @@ constexpr int64_t kWeightRowSpacing = 16;  // floats added to a weight row: 64 b
 // Linear(1024, 1024) on 128 rows 130 GFLOP/s with N floats per row, 208 with N + 16 (OpenBLAS,
 // eager's GEMM: 173); at one thread 63 against 109 (OpenBLAS 100); M1's first layer
 // (64 x 784 x 512) 145 against 193; shapes whose rows are not so spaced (N = 1000, 768, 10) the
-// same either way. So such a weight is stored with rows 16 floats longer. oneDNN's AVX-512 kernels choose a blocked layout: nothing changes there.
+// same either way. So such a weight is stored with rows 16 floats longer. oneDNN's AVX-512
+// kernels choose a blocked layout: nothing changes there.
 dnnl::matmul::primitive_desc with_spaced_weight_rows(dnnl::matmul::primitive_desc pd, const md_t& src,
                                                      const md_t& bias, const md_t& dst,
                                                      const dnnl::primitive_attr& attr) {

@@ -489,6 +489,8 @@ Gemm prepare(const at::Tensor& x, const at::Tensor& w) {
   return g;
 }
 
+// Runs `prim` into `out`: (M, N) float32, or the int32 sums of a fixed-rows int8 primitive, which
+// says so by its own destination layout (`dst_md`).
 void run(const Prim& prim, const md_t& src_md, void* src, void* wei, const at::Tensor& out, const float* bias,
          ExecArgs& args, std::vector<dnnl::memory>& keep) {
   const int64_t M = out.size(0), N = out.size(1);
@@ -500,7 +502,8 @@ void run(const Prim& prim, const md_t& src_md, void* src, void* wei, const at::T
     keep.emplace_back(md_t({1, N}, dt::f32, tag::ab), cpu_engine(), const_cast<float*>(bias));
     args.add(DNNL_ARG_BIAS, keep.back());
   }
-  keep.emplace_back(md_t({M, N}, dt::f32, tag::ab), cpu_engine(), out.data_ptr());
+  const bool own_dst = !compat::dims_of(prim.dst_md).empty();
+  keep.emplace_back(own_dst ? prim.dst_md : md_t({M, N}, dt::f32, tag::ab), cpu_engine(), out.data_ptr());
   args.add(DNNL_ARG_DST, keep.back());
   at::Tensor scratch;
   if (prim.scratch_md.get_size()) {
@@ -509,7 +512,7 @@ void run(const Prim& prim, const md_t& src_md, void* src, void* wei, const at::T
     args.add(DNNL_ARG_SCRATCHPAD, keep.back());
   }
   dnnl::error::wrap_c_api(dnnl_primitive_execute(prim.prim.get(), stream().get(), args.n, args.a),
-                          "could not execute a reduced-precision matmul");
+                          "could not execute a reduced-precision GEMM");
 }
 
 // ---- int32 sums to the float32 result: y = float(sum) * scale[n] + bias[n], in place ---------------
@@ -566,25 +569,13 @@ void dequantize(float* y, int64_t M, int64_t N, const float* scale, const float*
 // The GEMM at rows seen before: it writes int32 sums into `g.out`, made float32 here.
 void run_fixed_rows(const PackedWeight::Fixed& f, const Gemm& g, const at::Tensor& q, const QParams& qp,
                     const PackedWeight& pw, const c10::optional<at::Tensor>& b) {
-  const Prim& prim = *f.prim;
   ExecArgs args;
-  dnnl::memory src(prim.src_md, cpu_engine(), q.data_ptr()), wei(prim.wei_md, cpu_engine(), const_cast<void*>(f.packed)),
-      dst(prim.dst_md, cpu_engine(), g.out.data_ptr());
+  std::vector<dnnl::memory> keep;
+  keep.reserve(6);
   int32_t zero_point = qp.zero_point;
-  dnnl::memory zp(md_t({1}, dt::s32, tag::a), cpu_engine(), &zero_point);
-  args.add(DNNL_ARG_SRC, src);
-  args.add(DNNL_ARG_WEIGHTS, wei);
-  args.add(DNNL_ARG_DST, dst);
-  args.add(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, zp);
-  at::Tensor scratch;
-  std::optional<dnnl::memory> scratch_mem;
-  if (prim.scratch_md.get_size()) {
-    scratch = at::empty({static_cast<int64_t>(prim.scratch_md.get_size())}, at::kByte);
-    scratch_mem.emplace(prim.scratch_md, cpu_engine(), scratch.data_ptr());
-    args.add(DNNL_ARG_SCRATCHPAD, *scratch_mem);
-  }
-  dnnl::error::wrap_c_api(dnnl_primitive_execute(prim.prim.get(), stream().get(), args.n, args.a),
-                          "could not execute an int8 GEMM at fixed rows");
+  keep.emplace_back(md_t({1}, dt::s32, tag::a), cpu_engine(), &zero_point);
+  args.add(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, keep.back());
+  run(*f.prim, f.prim->src_md, q.data_ptr(), const_cast<void*>(f.packed), g.out, nullptr, args, keep);
   std::vector<float> scale(pw.scales.size());
   for (size_t n = 0; n < scale.size(); ++n) scale[n] = qp.scale * pw.scales[n];
   const at::Tensor bias = b && b->defined() ? b->contiguous() : at::Tensor();

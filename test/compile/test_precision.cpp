@@ -58,6 +58,21 @@ torch::Tensor fake_quant_linear(const torch::Tensor& x, const torch::Tensor& w, 
   return torch::linear(xd, wd, b);
 }
 
+// The precision operators called directly (an undefined bias: none).
+torch::Tensor linear_int8_op(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("torchcompile::linear_int8_dynamic", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&)>();
+  return op.call(x, w, b.defined() ? c10::optional<at::Tensor>(b) : c10::nullopt);
+}
+torch::Tensor linear_bf16_op(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("torchcompile::linear_bf16", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&, bool)>();
+  return op.call(x, w, b.defined() ? c10::optional<at::Tensor>(b) : c10::nullopt, /*emulate=*/false);
+}
+
 using torchcompile_examples::M4;
 using torchcompile_examples::M5;
 
@@ -74,7 +89,6 @@ TEST(Precision, Int8KernelMatchesItsArithmeticOnRandomShapes) {
   if (!have_kernels()) GTEST_SKIP() << "no oneDNN in this build";
   torch::NoGradGuard no_grad;
   std::mt19937 rng(1234);
-  auto op = c10::Dispatcher::singleton().findSchemaOrThrow("torchcompile::linear_int8_dynamic", "");
   for (int trial = 0; trial < 40; ++trial) {
     const int64_t M = 1 + rng() % 70, K = 8 + rng() % 300, N = 1 + rng() % 200;
     torch::manual_seed(trial);
@@ -84,8 +98,7 @@ TEST(Precision, Int8KernelMatchesItsArithmeticOnRandomShapes) {
     auto b = trial % 2 ? torch::randn({N}) : torch::Tensor();
     auto ref = fake_quant_linear(x, w, b);
     for (const char* call : {"first", "second"}) {
-      auto y = op.typed<at::Tensor(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&)>().call(
-          x, w, b.defined() ? c10::optional<at::Tensor>(b) : c10::nullopt);
+      auto y = linear_int8_op(x, w, b);
       ASSERT_EQ(y.sizes(), ref.sizes());
       EXPECT_LT(rel_error(y, ref), 1e-4) << call << " call, M " << M << " K " << K << " N " << N << " trial " << trial;
       EXPECT_LT(rel_error(y, torch::linear(x, w, b)), 0.05) << call << " call, trial " << trial;
@@ -99,14 +112,13 @@ TEST(Precision, Int8KernelMatchesItsArithmeticOnRandomShapes) {
 TEST(Precision, Int8ManyNumbersOfRows) {
   if (!have_kernels()) GTEST_SKIP() << "no oneDNN in this build";
   torch::NoGradGuard no_grad;
-  auto op = c10::Dispatcher::singleton().findSchemaOrThrow("torchcompile::linear_int8_dynamic", "");
   torch::manual_seed(5);
   auto w = torch::randn({29, 37}) * 0.1, b = torch::randn({29});  // a shape no other test uses
   for (int64_t M = 1; M <= 80; ++M) {
     auto x = torch::randn({M, 37});
     auto ref = fake_quant_linear(x, w, b);
     for (const char* call : {"first", "second"}) {
-      auto y = op.typed<at::Tensor(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&)>().call(x, w, b);
+      auto y = linear_int8_op(x, w, b);
       EXPECT_LT(rel_error(y, ref), 1e-4) << call << " call, M " << M;
     }
   }
@@ -120,7 +132,6 @@ TEST(Precision, BFloat16KernelMatchesRoundedInputsOnRandomShapes) {
   if (!torchcompile::precision_unavailable(Precision::BFloat16).empty()) GTEST_SKIP() << "no bfloat16 on this CPU";
   torch::NoGradGuard no_grad;
   std::mt19937 rng(4321);
-  auto op = c10::Dispatcher::singleton().findSchemaOrThrow("torchcompile::linear_bf16", "");
   auto round = [](const torch::Tensor& t) { return t.to(torch::kBFloat16).to(torch::kFloat); };
   for (int trial = 0; trial < 30; ++trial) {
     const int64_t M = 1 + rng() % 70, K = 8 + rng() % 300, N = 1 + rng() % 200;
@@ -130,8 +141,7 @@ TEST(Precision, BFloat16KernelMatchesRoundedInputsOnRandomShapes) {
     auto b = trial % 2 ? torch::randn({N}) : torch::Tensor();
     auto ref = torch::linear(round(x), round(w), b);
     for (const char* call : {"first", "second"}) {
-      auto y = op.typed<at::Tensor(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&, bool)>().call(
-          x, w, b.defined() ? c10::optional<at::Tensor>(b) : c10::nullopt, false);
+      auto y = linear_bf16_op(x, w, b);
       ASSERT_EQ(y.sizes(), ref.sizes());
       EXPECT_LT(rel_error(y, ref), 1e-5) << call << " call, M " << M << " K " << K << " N " << N << " trial " << trial;
     }
@@ -146,11 +156,6 @@ TEST(Precision, Int8InputRangeAndNonFiniteValuesAtRandomPlaces) {
   if (!have_kernels()) GTEST_SKIP() << "no oneDNN in this build";
   torch::NoGradGuard no_grad;
   std::mt19937 rng(99);
-  auto op = c10::Dispatcher::singleton().findSchemaOrThrow("torchcompile::linear_int8_dynamic", "");
-  auto call = [&](const torch::Tensor& x, const torch::Tensor& w) {
-    return op.typed<at::Tensor(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&)>().call(
-        x, w, c10::nullopt);
-  };
   struct TwoThreads {  // the pass splits over threads only when there are several
     int saved = at::get_num_threads();
     TwoThreads() { at::set_num_threads(2); }
@@ -170,10 +175,10 @@ TEST(Precision, Int8InputRangeAndNonFiniteValuesAtRandomPlaces) {
     };
     const int64_t at = place(trial % 3);
     x.view(-1)[at] = trial % 2 ? 9.f : -9.f;  // the extreme value
-    EXPECT_LT(rel_error(call(x, w), fake_quant_linear(x, w, torch::Tensor())), 1e-4)
+    EXPECT_LT(rel_error(linear_int8_op(x, w, torch::Tensor()), fake_quant_linear(x, w, torch::Tensor())), 1e-4)
         << "M " << M << " K " << K << " extreme at " << at;
     x.view(-1)[place((trial / 3) % 3)] = specials[trial % 3];
-    auto y = call(x, w), ref = torch::linear(x, w);
+    auto y = linear_int8_op(x, w, torch::Tensor()), ref = torch::linear(x, w);
     EXPECT_TRUE(torch::equal(torch::isnan(y), torch::isnan(ref))) << "M " << M << " K " << K;
     EXPECT_TRUE(torch::allclose(y.nan_to_num(0, 0, 0), ref.nan_to_num(0, 0, 0), 1e-5, 1e-5)) << "M " << M << " K " << K;
   }
