@@ -4,8 +4,8 @@
 # writes test/benchmarks/RESULTS.md and test/benchmarks/speedups.png.
 #
 # Usage: scripts/bench-models.sh [options] [-- bench_models arguments...]
-#   --min-time S          seconds per benchmark repetition (default 0.5)
-#   --repetitions N       repetitions per (model, mode), randomly interleaved (default 5)
+#   --min-time S          seconds per benchmark repetition (default 0.2)
+#   --repetitions N       repetitions per (model, mode), randomly interleaved (default 12)
 #   --first-call-reps N   fresh compiles whose first call is timed per (model, mode) (default 3)
 #   --new-sizes N         sizes never seen timed per dynamic mode on M1-M5 (default 5; 0: none)
 #   --quick               smoke run: --min-time 0.05 --repetitions 2 --first-call-reps 1
@@ -21,9 +21,13 @@
 # run is marked as partial in RESULTS.md).
 # Environment: BUILD_DIR (default build/), JOBS (build parallelism, default nproc).
 #
-# The defaults take about 4-5 minutes on a quiet 2-core machine (estimate: --quick takes ~1 min;
-# most of the time goes to M5 and its training step); the run notes in RESULTS.md how busy the
-# machine was (CPU time of other processes during the run) and flags a busy one.
+# The defaults take about 25 minutes on a quiet 2-core machine (--quick about 4; most of the time
+# goes to the training rows and the first-call table); the run notes in RESULTS.md how busy the
+# machine was (CPU time of other processes during the run) and flags a busy one. Many short
+# repetitions rather than a few long ones: this kind of host has slow and fast phases lasting
+# seconds to minutes, and the least of 12 repetitions spread over the run catches a fast phase for
+# every mode, where with 5 one mode could miss it (two modes running the same program then
+# differed by 10-20% in a run).
 # The speedup chart is drawn by gnuplot's pngcairo terminal (Debian package gnuplot-nox; installed
 # with apt-get when missing and running as root, otherwise the chart is skipped with a warning): a
 # bar chart is a short gnuplot script, while a self-contained PNG writer would need its own font
@@ -36,8 +40,8 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${BUILD_DIR:-$root/build}
 jobs=${JOBS:-$(nproc)}
 out_dir=$root/test/benchmarks
-min_time=0.5
-repetitions=5
+min_time=0.2
+repetitions=12
 first_call_reps=3
 new_sizes=5
 quick=0

@@ -283,22 +283,21 @@ DynamicPlan plan_symbols(const std::vector<Candidate>& candidates, uint64_t read
 // ---- specializations --------------------------------------------------------------------------
 
 namespace {
-uint64_t next_specializations_id() {
-  static std::atomic<uint64_t> next{1};
-  return next.fetch_add(1, std::memory_order_relaxed);
+// The symbols' values packed into one word (each in 63 / n bits, so the word's top bit stays 0
+// and kNoCheckedKey is no key), or false if some value does not fit.
+bool pack_key(const int64_t* key, size_t n, uint64_t* packed) {
+  uint64_t word = 0;
+  if (n > 0) {
+    const unsigned bits = static_cast<unsigned>(63 / n);
+    if (bits == 0) return false;
+    for (size_t k = 0; k < n; ++k) {
+      if (key[k] < 0 || (bits < 63 && (static_cast<uint64_t>(key[k]) >> bits) != 0)) return false;
+      word = (word << bits) | static_cast<uint64_t>(key[k]);
+    }
+  }
+  *packed = word;
+  return true;
 }
-
-// The symbols' values whose results' sizes this thread last found right, and for which object: a
-// call at the same values (the steady state of a server or a loop) skips the check. The check is
-// there for a backend that compiled for its example sizes; its results then have the wrong sizes
-// at every other value, and the first call at each value on each thread still checks them.
-constexpr size_t kCheckedSymbols = 8;
-struct CheckedSizes {
-  uint64_t owner = 0;
-  size_t count = 0;
-  int64_t values[kCheckedSymbols];
-};
-thread_local CheckedSizes checked_sizes;
 }  // namespace
 
 ShapeSpecializations::ShapeSpecializations(DynamicPlan plan, std::shared_ptr<GraphModule> generic, Backend backend,
@@ -309,7 +308,6 @@ ShapeSpecializations::ShapeSpecializations(DynamicPlan plan, std::shared_ptr<Gra
       backend_(std::move(backend)),
       backend_name_(std::move(backend_name)),
       owner_(std::move(owner)),
-      id_(next_specializations_id()),
       symbolic_(symbolic),
       static_reason_(std::move(static_reason)) {
   if (!symbolic_) {
@@ -410,15 +408,11 @@ std::vector<at::Tensor> ShapeSpecializations::run_symbolic(const CompiledFn& fn,
   for (size_t k = 0; k < symbol_dims_.size(); ++k)
     key[k] = inputs[symbol_dims_[k].first].unsafeGetTensorImpl()->sizes()[symbol_dims_[k].second];
   std::vector<at::Tensor> outputs = fn(std::move(inputs));
-  const size_t n = symbol_dims_.size();
-  CheckedSizes& checked = checked_sizes;
-  if (checked.owner == id_ && checked.count == n && std::equal(key, key + n, checked.values)) return outputs;
+  uint64_t packed = kNoCheckedKey;
+  const bool packs = pack_key(key, symbol_dims_.size(), &packed);
+  if (packs && checked_key_.load(std::memory_order_relaxed) == packed) return outputs;
   if (C10_UNLIKELY(!result_sizes_match(key, outputs))) result_sizes_error(key, outputs);
-  if (n <= kCheckedSymbols) {
-    checked.owner = id_;
-    checked.count = n;
-    std::copy(key, key + n, checked.values);
-  }
+  if (packs) checked_key_.store(packed, std::memory_order_relaxed);
   return outputs;
 }
 

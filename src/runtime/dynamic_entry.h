@@ -35,6 +35,7 @@
 #include <optional>
 
 #include <algorithm>
+#include <atomic>
 #include <functional>
 #include <cstdint>
 #include <limits>
@@ -265,9 +266,13 @@ class ShapeSpecializations {
   // symbolic: `fn` (all_sizes_) on `inputs`, its results' sizes checked.
   std::vector<at::Tensor> run_symbolic(const CompiledFn& fn, std::vector<at::Tensor> inputs) const;
   std::vector<std::pair<uint32_t, uint32_t>> symbol_dims_;  // symbolic: each symbol's (input, dim)
-  // Tells this object apart from any other in the per-thread memory of the sizes last checked
-  // (run_symbolic): an object freed and another made at its address must check again.
-  const uint64_t id_;
+  // symbolic: the symbols' values (packed, run_symbolic) at which the results' sizes were last
+  // found right; a call at the same values (the steady state of a server or a loop) skips the
+  // check. The check is there for a backend that compiled for its example sizes: its results
+  // then have the wrong sizes at every other value, and the first call at each value checks them.
+  // One word, so that a thread never reads half of another thread's values.
+  static constexpr uint64_t kNoCheckedKey = ~uint64_t{0};
+  mutable std::atomic<uint64_t> checked_key_{kNoCheckedKey};
 
   std::mutex specialize_mutex_;  // one specialization at a time
   BySize<std::shared_ptr<const CompiledFn>> compiled_;

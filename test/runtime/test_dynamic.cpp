@@ -196,7 +196,7 @@ TEST(Dynamic, BackendIgnoringTheSymbolsIsAnErrorAtOtherSizes) {
   auto a = torch::randn({4, 3});
   fast(a);
   EXPECT_TRUE(tensors_close(fast(a), a * 2));  // at the example sizes
-  // A thread remembers the sizes it last found right, per compiled graph: another object's
+  // A compiled graph remembers the sizes it last found right: another object's
   // right results at [6, 3] just before must not excuse this one's, nor its own error the next call.
   auto right = torch::compile([](torch::Tensor a) { return a * 2; }, torchcompile::CompileOptions("eager").with_dynamic(true));
   for (int k = 0; k < 3; ++k) right(torch::randn({6, 3}));
@@ -209,6 +209,13 @@ TEST(Dynamic, BackendIgnoringTheSymbolsIsAnErrorAtOtherSizes) {
       EXPECT_THAT(msg, ::testing::HasSubstr("compiled a graph with size symbols, but with s0=6"));
       EXPECT_THAT(msg, ::testing::HasSubstr("has sizes [4, 3] where the graph says [s0=6, s1=3]"));
     }
+  }
+  // The sizes found right are remembered as one word of both values: [3, 4] is not [4, 3].
+  try {
+    fast(torch::randn({3, 4}));
+    ADD_FAILURE() << "expected an error at [3, 4]";
+  } catch (const c10::Error& e) {
+    EXPECT_THAT(e.what_without_backtrace(), ::testing::HasSubstr("where the graph says [s0=3, s1=4]"));
   }
 }
 
