@@ -81,6 +81,12 @@
 // of one mode can still land in such a phase while eager's does not (the same program measured
 // 0.91 and 1.38 us in two modes of one run); the least repetition of each mode is the machine's
 // own rate for both sides of a ratio.
+// Then two ratios are timed in pairs, with the same repetition and interleaving flags: `default`
+// against the single built-in backend (eager-backend, torchscript, onednn, fused) with the least
+// figure on its row, and `default dyn` against `default`. A pair is a block of about 5 ms of calls
+// of one mode and then of the other (the order alternating), so a phase of the host slows both
+// sides alike; two modes running the same program differed by up to 20% in the main table of
+// some runs and agree within 1-2% paired. Their ratios are the tables' "paired" columns.
 // After the benchmarks, each compiled (row, mode) that ran is compiled afresh
 // --first_call_reps=N times (default 3) and its first call timed: trace + backend compile + one
 // run (one step for training rows), in a process that is already warm (one-time library
@@ -796,6 +802,41 @@ void run_benchmark(benchmark::State& state, size_t row, size_t mode) {
   state.counters["median_ms"] = median(times) * 1e3;
 }
 
+// `default` (mode a) and another mode (b) of one row called in turns, a block of `calls` calls
+// of a then one of b, then b then a (blocks of a few milliseconds, so that a phase of the host
+// slows both blocks of a pair alike, and each block's later calls find the caches as a run of
+// calls of one mode leaves them). Counter "ratio": the median over the repetition's pairs of a's
+// median call ÷ b's.
+void run_paired(benchmark::State& state, size_t row, size_t a, size_t b, int calls) {
+  Prepared& pa = prepared(row, a);
+  Prepared& pb = prepared(row, b);
+  c10::optional<torch::NoGradGuard> no_grad;
+  if (!instance(row).training) no_grad.emplace();
+  std::vector<double> block(static_cast<size_t>(calls));
+  auto block_median = [&](Prepared& p) {
+    for (double& t : block) t = time_call_s(p.runner.call);
+    return median(block);
+  };
+  block_median(pa);  // warm-up
+  block_median(pb);
+  std::vector<double> ratios;
+  bool a_first = true;
+  for (auto _ : state) {
+    double ta, tb;
+    if (a_first) {
+      ta = block_median(pa);
+      tb = block_median(pb);
+    } else {
+      tb = block_median(pb);
+      ta = block_median(pa);
+    }
+    a_first = !a_first;
+    state.SetIterationTime((ta + tb) * calls);
+    ratios.push_back(ta / tb);
+  }
+  state.counters["ratio"] = median(ratios);
+}
+
 // M2's floor: one pass that reads 16 MiB and writes 16 MiB (`copy_` of M2's input into a
 // preallocated tensor), the least any M2 mode could take.
 void run_m2_floor(benchmark::State& state) {
@@ -822,6 +863,14 @@ class Collector : public benchmark::ConsoleReporter {
  public:
   void ReportRuns(const std::vector<Run>& runs) override {
     for (const Run& r : runs) {
+      auto ratio = r.counters.find("ratio");  // paired benchmarks (run_paired)
+      if (ratio != r.counters.end()) {
+        if (r.run_type == Run::RT_Iteration) {
+          ratios[r.run_name.function_name].push_back(ratio->second.value);
+        } else {
+          ratio_aggregates[{r.run_name.function_name, r.aggregate_name}] = ratio->second.value;
+        }
+      }
       auto it = r.counters.find("median_ms");
       if (it == r.counters.end()) continue;
       if (r.run_type == Run::RT_Iteration) {
@@ -845,7 +894,28 @@ class Collector : public benchmark::ConsoleReporter {
     return agg == aggregates.end() ? NAN : agg->second;
   }
 
+  /// A paired benchmark's ratio: the median over its repetitions, and the least and the most.
+  bool ratio_of(const std::string& name, double* med, double* lo, double* hi, size_t* repetitions) const {
+    auto it = ratios.find(name);
+    if (it != ratios.end()) {
+      *med = median(it->second);
+      *lo = *std::min_element(it->second.begin(), it->second.end());
+      *hi = *std::max_element(it->second.begin(), it->second.end());
+      *repetitions = it->second.size();
+      return true;
+    }
+    auto agg = [&](const char* a) {
+      auto i = ratio_aggregates.find({name, a});
+      return i == ratio_aggregates.end() ? NAN : i->second;
+    };
+    *med = agg("median"), *lo = agg("min"), *hi = agg("max");
+    *repetitions = 0;  // unknown
+    return !std::isnan(*med);
+  }
+
   std::map<std::string, std::vector<double>> medians;  ///< by benchmark name, one per repetition
+  std::map<std::string, std::vector<double>> ratios;   ///< paired benchmarks, one per repetition
+  std::map<std::pair<std::string, std::string>, double> ratio_aggregates;
   std::map<std::pair<std::string, std::string>, double> aggregates;  ///< (name, "median"/"min")
 };
 
@@ -872,8 +942,18 @@ struct NewSize {
   double eager_ms = NAN;    ///< median over the sizes of eager's call at each
 };
 
+/// Two modes of a row timed in pairs (run_paired): `default` against the fastest single built-in
+/// backend, and `default dyn` against `default`.
+struct PairedRow {
+  size_t row = 0, a = 0, b = 0;  ///< mode indices; the ratio is a ÷ b
+  double ratio = NAN;            ///< median over repetitions of each one's median pair
+  double low = NAN, high = NAN;  ///< the least and the most of those repetitions
+  size_t repetitions = 0;
+};
+
 struct Results {
   double m2_floor_ms = NAN;  // M2's floor (run_m2_floor), if run
+  std::vector<PairedRow> paired;
   std::map<std::pair<size_t, size_t>, Cell> cells;
   std::vector<std::string> notes;
   int first_call_reps = 0;
@@ -1140,17 +1220,81 @@ std::string backends_list() {
 // Dynamic vs static entries of the same backend, same run. A dimension host code reads stays
 // static (M4's attention reads its sizes), and a training step records autograd: then both are
 // the same static entry.
+// The single built-in backends: `default`'s parts and the interpreter.
+const char* const kSingleBackends[] = {"eager-backend", "torchscript", "onednn", "fused"};
+
+std::string paired_name(size_t row, size_t a, size_t b) {
+  return rows()[row].id + "/" + modes()[a].name + " vs " + modes()[b].name + "/paired";
+}
+
+void register_pair(Results& res, size_t r, size_t a, size_t b) {
+  res.paired.push_back({r, a, b});
+  // Blocks of about 5 ms (at least 1 call, at most 1000).
+  const double call_ms = std::max(cell_ms(res, r, a), cell_ms(res, r, b));
+  const int calls = static_cast<int>(std::clamp(std::ceil(5.0 / call_ms), 1.0, 1000.0));
+  benchmark::RegisterBenchmark(paired_name(r, a, b).c_str(), run_paired, r, a, b, calls)
+      ->UseManualTime()
+      ->Unit(benchmark::kMillisecond)
+      ->ComputeStatistics("min", tc_bench::least)
+      ->ComputeStatistics("max", [](const std::vector<double>& v) {
+        return v.empty() ? NAN : *std::max_element(v.begin(), v.end());
+      });
+}
+
+// For each row whose `default` ran: `default` and the single built-in backend with the least
+// figure in the main table (timed without error, result equal to eager), and `default dyn` and
+// `default`, to be timed in pairs.
+void register_paired(Results& res) {
+  const size_t def = mode_index("default"), dyn = mode_index("default dyn");
+  for (size_t r = 0; r < rows().size(); ++r) {
+    if (std::isnan(cell_ms(res, r, def))) continue;
+    size_t best = modes().size();
+    for (const char* name : kSingleBackends) {
+      const size_t m = mode_index(name);
+      const double v = cell_ms(res, r, m);
+      if (std::isnan(v) || !prepared(r, m).mismatch.empty()) continue;
+      if (best == modes().size() || v < cell_ms(res, r, best)) best = m;
+    }
+    if (best != modes().size()) register_pair(res, r, def, best);
+    if (!std::isnan(cell_ms(res, r, dyn)) && prepared(r, dyn).mismatch.empty()) register_pair(res, r, dyn, def);
+  }
+}
+
+// The paired ratio of modes a ÷ b on row r with its range, or "?".
+std::string paired_cell(const Results& res, size_t r, size_t a, size_t b) {
+  for (const PairedRow& p : res.paired)
+    if (p.row == r && p.a == a && p.b == b && !std::isnan(p.ratio))
+      return fmt("%.3f", p.ratio) + " (" + fmt("%.3f", p.low) + " – " + fmt("%.3f", p.high) + ")";
+  return "?";
+}
+
+std::string paired_table(const Results& res) {
+  std::ostringstream os;
+  os << "| row | fastest single built-in | default ÷ it, table above | default ÷ it, paired (least – most) | "
+        "within 5% |\n|---|---|---:|---:|---|\n";
+  const size_t def = mode_index("default");
+  for (const PairedRow& p : res.paired) {
+    if (p.a != def) continue;
+    const double main_ratio = cell_ms(res, p.row, def) / cell_ms(res, p.row, p.b);
+    os << "| " << rows()[p.row].id << " | " << modes()[p.b].name << " | " << fmt("%.3f", main_ratio) << " | "
+       << paired_cell(res, p.row, p.a, p.b) << " | " << (std::isnan(p.ratio) ? "?" : p.ratio <= 1.05 ? "yes" : "**no**")
+       << " |\n";
+  }
+  return os.str();
+}
+
 std::string dynamic_table(const Results& res) {
   std::ostringstream os;
-  os << "| id | eager-backend static | dyn | dyn / static | default static | dyn | dyn / static |\n"
-        "|---|---:|---:|---:|---:|---:|---:|\n";
+  os << "| id | eager-backend static | dyn | dyn / static | default static | dyn | dyn / static | "
+        "dyn / static, paired (least – most) |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|\n";
   for (size_t r = 0; r < rows().size(); ++r) {
     os << "| " << rows()[r].id;
     for (const char* base : {"eager-backend", "default"}) {
       const double st = cell_ms(res, r, mode_index(base)), dy = cell_ms(res, r, mode_index(std::string(base) + " dyn"));
       os << " | " << ms(st) << " | " << ms(dy) << " | " << (std::isnan(dy / st) ? "?" : fmt("%.3f", dy / st));
     }
-    os << " |\n";
+    os << " | " << paired_cell(res, r, mode_index("default dyn"), mode_index("default")) << " |\n";
   }
   return os.str();
 }
@@ -1252,6 +1396,16 @@ std::string report(Results& res) {
     for (const char* mode : {"fused", "default"}) os << ", `" << mode << "` " << ms(cell_ms(res, m8, mode_index(mode)) * 1e3) << " µs";
     os << ".\n";
   }
+  if (!res.paired.empty()) {
+    os << "\n## `default` against the fastest single built-in backend, timed in pairs\n\n"
+          "For each row, the single built-in backend (" ;
+    for (size_t i = 0; i < std::size(kSingleBackends); ++i) os << (i ? ", " : "") << kSingleBackends[i];
+    os << ") with the least figure above, called in turns with `default` (blocks of about 5 ms of calls of one, then "
+          "of the other, the order alternating): a phase of the host slows both blocks of a pair alike, where the figures above time "
+          "the two modes in different repetitions. The ratio is the median over the repetitions of each "
+          "repetition's median pair of blocks (each block: its median call); in brackets the least and the most repetition.\n\n"
+       << paired_table(res);
+  }
   // TorchScript archives: torch::compile against the module as TorchScript would deploy it.
   {
     std::ostringstream ts;
@@ -1272,6 +1426,8 @@ std::string report(Results& res) {
          << ts.str();
   }
   os << "\n## Dynamic shapes: a dynamic entry (`dynamic = true`) vs a static one, per call at the traced size\n\n"
+        "The last column times `default dyn` and `default` in pairs, as the table of `default` against the fastest "
+        "single built-in backend above.\n\n"
      << dynamic_table(res);
   if (res.first_call_reps > 0) {
     os << "\n## First call, ms (trace + backend compile + one run; median of " << res.first_call_reps
@@ -1437,7 +1593,6 @@ int main(int argc, char** argv) {
   bench_gemm::register_benchmarks();
   Collector collector;
   benchmark::RunSpecifiedBenchmarks(&collector);
-  benchmark::Shutdown();
 
   for (size_t r = 0; r < rows().size(); ++r) {
     for (size_t m = 0; m < modes().size(); ++m) {
@@ -1449,6 +1604,16 @@ int main(int argc, char** argv) {
   }
   size_t floor_reps = 0;
   res.m2_floor_ms = collector.figure_of(kM2Floor, &floor_reps);
+  // `default` and the fastest single built-in backend of each row, and `default dyn` and
+  // `default`, timed in pairs (the same repetitions and interleaving flags).
+  benchmark::ClearRegisteredBenchmarks();
+  register_paired(res);
+  if (!res.paired.empty()) {
+    std::printf("\nPaired: default against the fastest single built-in backend, default dyn against default\n");
+    benchmark::RunSpecifiedBenchmarks(&collector, "/paired(/|$)");
+    for (PairedRow& p : res.paired)
+      collector.ratio_of(paired_name(p.row, p.a, p.b), &p.ratio, &p.low, &p.high, &p.repetitions);
+  }
   if (res.first_call_reps > 0) {
     std::printf("\nFirst calls (%d fresh compiles each)\n", res.first_call_reps);
     measure_first_calls(res);
@@ -1457,6 +1622,7 @@ int main(int argc, char** argv) {
     std::printf("\nNew sizes (%d each)\n", res.new_sizes);
     measure_new_sizes(res);
   }
+  benchmark::Shutdown();
   measure_memory(res);
   std::string text = report(res);
   text += bench_gemm::table([&](const std::string& name) {
