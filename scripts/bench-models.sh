@@ -25,9 +25,10 @@
 # goes to the training rows and the first-call table); the run notes in RESULTS.md how busy the
 # machine was (CPU time of other processes during the run) and flags a busy one. Many short
 # repetitions rather than a few long ones: this kind of host has slow and fast phases lasting
-# seconds to minutes, and the least of 12 repetitions spread over the run catches a fast phase for
-# every mode, where with 5 one mode could miss it (two modes running the same program then
-# differed by 10-20% in a run).
+# seconds to minutes, and 12 repetitions spread over the run give each mode more chances at a
+# quiet one. Even so, two modes running the same program can differ by 5-10% in the main table;
+# bench_models times the ratios between `default` and its parts in pairs as well
+# (docs/testing.md, "Benchmarks").
 # The speedup chart is drawn by gnuplot's pngcairo terminal (Debian package gnuplot-nox; installed
 # with apt-get when missing and running as root, otherwise the chart is skipped with a warning): a
 # bar chart is a short gnuplot script, while a self-contained PNG writer would need its own font
