@@ -915,7 +915,7 @@ class Collector : public benchmark::ConsoleReporter {
 
   std::map<std::string, std::vector<double>> medians;  ///< by benchmark name, one per repetition
   std::map<std::string, std::vector<double>> ratios;   ///< paired benchmarks, one per repetition
-  std::map<std::pair<std::string, std::string>, double> ratio_aggregates;
+  std::map<std::pair<std::string, std::string>, double> ratio_aggregates;  ///< (name, "median"/"min"/"max")
   std::map<std::pair<std::string, std::string>, double> aggregates;  ///< (name, "median"/"min")
 };
 
@@ -1217,9 +1217,6 @@ std::string backends_list() {
   return s;
 }
 
-// Dynamic vs static entries of the same backend, same run. A dimension host code reads stays
-// static (M4's attention reads its sizes), and a training step records autograd: then both are
-// the same static entry.
 // The single built-in backends: `default`'s parts and the interpreter.
 const char* const kSingleBackends[] = {"eager-backend", "torchscript", "onednn", "fused"};
 
@@ -1283,6 +1280,9 @@ std::string paired_table(const Results& res) {
   return os.str();
 }
 
+// Dynamic vs static entries of the same backend, same run. A dimension host code reads stays
+// static (M4's attention reads its sizes), and a training step records autograd: then both are
+// the same static entry.
 std::string dynamic_table(const Results& res) {
   std::ostringstream os;
   os << "| id | eager-backend static | dyn | dyn / static | default static | dyn | dyn / static | "
@@ -1398,7 +1398,7 @@ std::string report(Results& res) {
   }
   if (!res.paired.empty()) {
     os << "\n## `default` against the fastest single built-in backend, timed in pairs\n\n"
-          "For each row, the single built-in backend (" ;
+          "For each row, the single built-in backend (";
     for (size_t i = 0; i < std::size(kSingleBackends); ++i) os << (i ? ", " : "") << kSingleBackends[i];
     os << ") with the least figure above, called in turns with `default` (blocks of about 5 ms of calls of one, then "
           "of the other, the order alternating): a phase of the host slows both blocks of a pair alike, where the figures above time "
