@@ -283,17 +283,14 @@ DynamicPlan plan_symbols(const std::vector<Candidate>& candidates, uint64_t read
 // ---- specializations --------------------------------------------------------------------------
 
 namespace {
-// The symbols' values packed into one word (each in 63 / n bits, so the word's top bit stays 0
-// and kNoCheckedKey is no key), or false if some value does not fit.
-bool pack_key(const int64_t* key, size_t n, uint64_t* packed) {
+// The symbols' values packed into one word, `bits` bits each (at most 63 / n, so the word's top
+// bit stays 0 and kNoCheckedKey is no key), or false if some value does not fit (or bits is 0).
+bool pack_key(const int64_t* key, size_t n, unsigned bits, uint64_t* packed) {
+  if (n > 0 && bits == 0) return false;
   uint64_t word = 0;
-  if (n > 0) {
-    const unsigned bits = static_cast<unsigned>(63 / n);
-    if (bits == 0) return false;
-    for (size_t k = 0; k < n; ++k) {
-      if (key[k] < 0 || (bits < 63 && (static_cast<uint64_t>(key[k]) >> bits) != 0)) return false;
-      word = (word << bits) | static_cast<uint64_t>(key[k]);
-    }
+  for (size_t k = 0; k < n; ++k) {
+    if (key[k] < 0 || (bits < 63 && (static_cast<uint64_t>(key[k]) >> bits) != 0)) return false;
+    word = (word << bits) | static_cast<uint64_t>(key[k]);
   }
   *packed = word;
   return true;
@@ -316,6 +313,7 @@ ShapeSpecializations::ShapeSpecializations(DynamicPlan plan, std::shared_ptr<Gra
   }
   all_sizes_ = std::make_shared<const CompiledFn>(std::move(first));
   for (const SizeSymbol& sym : plan_.symbols) symbol_dims_.emplace_back(sym.input, sym.dim);
+  key_bits_ = symbol_dims_.empty() ? 63 : static_cast<unsigned>(63 / symbol_dims_.size());
   for (const auto& n : generic_->graph().nodes()) {
     if (n->kind() != ir::NodeKind::Output) continue;
     for (const ir::Argument& a : n->args())
@@ -409,7 +407,7 @@ std::vector<at::Tensor> ShapeSpecializations::run_symbolic(const CompiledFn& fn,
     key[k] = inputs[symbol_dims_[k].first].unsafeGetTensorImpl()->sizes()[symbol_dims_[k].second];
   std::vector<at::Tensor> outputs = fn(std::move(inputs));
   uint64_t packed = kNoCheckedKey;
-  const bool packs = pack_key(key, symbol_dims_.size(), &packed);
+  const bool packs = pack_key(key, symbol_dims_.size(), key_bits_, &packed);
   if (packs && checked_key_.load(std::memory_order_relaxed) == packed) return outputs;
   if (C10_UNLIKELY(!result_sizes_match(key, outputs))) result_sizes_error(key, outputs);
   if (packs) checked_key_.store(packed, std::memory_order_relaxed);

@@ -272,6 +272,7 @@ class ShapeSpecializations {
   // then have the wrong sizes at every other value, and the first call at each value checks them.
   // One word, so that a thread never reads half of another thread's values.
   static constexpr uint64_t kNoCheckedKey = ~uint64_t{0};
+  unsigned key_bits_ = 63;  // symbolic: bits per symbol in that word, 63 / number of symbols
   mutable std::atomic<uint64_t> checked_key_{kNoCheckedKey};
 
   std::mutex specialize_mutex_;  // one specialization at a time
