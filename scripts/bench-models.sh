@@ -4,8 +4,8 @@
 # writes test/benchmarks/RESULTS.md and test/benchmarks/speedups.png.
 #
 # Usage: scripts/bench-models.sh [options] [-- bench_models arguments...]
-#   --min-time S          seconds per benchmark repetition (default 0.2)
-#   --repetitions N       repetitions per (model, mode), randomly interleaved (default 12)
+#   --min-time S          seconds per mode in each repetition of a row (default 0.2)
+#   --repetitions N       repetitions per model (all its modes), randomly interleaved (default 12)
 #   --first-call-reps N   fresh compiles whose first call is timed per (model, mode) (default 3)
 #   --new-sizes N         sizes never seen timed per dynamic mode on M1-M5 (default 5; 0: none)
 #   --quick               smoke run: --min-time 0.05 --repetitions 2 --first-call-reps 1
@@ -26,9 +26,9 @@
 # machine was (CPU time of other processes during the run) and flags a busy one. Many short
 # repetitions rather than a few long ones: this kind of host has slow and fast phases lasting
 # seconds to minutes, and 12 repetitions spread over the run give each mode more chances at a
-# quiet one. Even so, two modes running the same program can differ by 5-10% in the main table;
-# bench_models times the ratios between `default` and its parts in pairs as well
-# (docs/testing.md, "Benchmarks").
+# quiet one; bench_models times all the modes of a row in rounds of a few milliseconds each, so
+# that a phase slows every mode of a round alike and the ratios are free of it (docs/testing.md,
+# "Benchmarks").
 # The speedup chart is drawn by gnuplot's pngcairo terminal (Debian package gnuplot-nox; installed
 # with apt-get when missing and running as root, otherwise the chart is skipped with a warning): a
 # bar chart is a short gnuplot script, while a self-contained PNG writer would need its own font
@@ -328,9 +328,10 @@ results=$out_dir/RESULTS.md
   fi
   echo "Models M1–M8 (fp32, seed 0, 2 threads), each in every mode whose backend is"
   echo "registered; see the header of \`test/benchmarks/bench_models.cpp\` for the definitions. Absolute"
-  echo "times move from run to run on shared hardware: read the speedups, which compare figures from"
-  echo "the same run (repetitions randomly interleaved; each figure is the least of the repetitions'"
-  echo "median calls unless the benchmark command passes \`--statistic=median\`)."
+  echo "times move from run to run on shared hardware: read the speedups, which divide times of the"
+  echo "same rounds (all the modes of a row timed together, a few milliseconds each in turn; each time"
+  echo "shown is the least of the repetitions' median blocks unless the benchmark command passes"
+  echo "\`--statistic=median\`)."
   echo
   echo "- Date: $date_start (run took ${elapsed} s)"
   echo "- Command: \`$invocation\`"

@@ -51,7 +51,7 @@
 // (PyTorch 2's zero_grad default), runs the compiled (or eager) forward including the loss, and
 // calls backward() on the loss: for the compiled modes the loss is part of the compiled module.
 //
-// Modes (one benchmark each, named <row>/<mode>, e.g. M3/torchscript):
+// Modes (a cell each, named <row>/<mode>, e.g. M3/torchscript; --benchmark_filter selects cells):
 //   eager          plain LibTorch
 //   eager-backend  torch::compile(m, "eager"): the captured graph replayed by the interpreter
 //   torchscript, onednn, fused, default
@@ -69,24 +69,25 @@
 // "n/a". Each compiled mode is checked against eager once (outputs, and the loss and gradients of
 // a training step) before it is timed; a mismatch or an eager fallback is flagged in the tables.
 //
-// Each benchmark times single calls with std::chrono (UseManualTime) after a short warm-up and
-// records the median call of each repetition (counter median_ms); the reported figure is, over
-// the repetitions, the least of those medians (--statistic=min, the default) or their median
-// (--statistic=median), and speedup = eager figure / mode figure, both from this run. Use
-// --benchmark_repetitions=N and --benchmark_enable_random_interleaving=true (as
-// scripts/bench-models.sh does) so that the repetitions of all modes are spread over the run.
-// Why the least by default: on the shared hosts these figures come from, interference only slows
-// a repetition (for minutes a sibling hyperthread of the host takes half of a vCPU's multiply-add
-// throughput: test/benchmarks/RESULTS.md, "Notes on this run"), and a median over 5 repetitions
-// of one mode can still land in such a phase while eager's does not (the same program measured
-// 0.91 and 1.38 us in two modes of one run); the least repetition of each mode is the machine's
-// own rate for both sides of a ratio.
-// Then two ratios are timed in pairs, with the same repetition and interleaving flags: `default`
-// against the single built-in backend (eager-backend, torchscript, onednn, fused) with the least
-// figure on its row, and `default dyn` against `default`. A pair is a block of about 5 ms of calls
-// of one mode and then of the other (the order alternating), so a phase of the host slows both
-// sides alike; two modes running the same program differed by up to 20% in the main table of
-// some runs and agree within 1-2% paired. Their ratios are the tables' "paired" columns.
+// How a row is timed: one benchmark per row, <row>/rounds, times all its selected modes in
+// rounds. A round calls each mode for a block of about 5 ms (at least one call; single calls
+// timed with std::chrono, UseManualTime), the modes in an order that rotates and reverses from
+// round to round, and keeps each block's median call. Per repetition, a mode's counters are
+// "ms:<mode>" (the median of its blocks), "x:<mode>" (the median over the rounds of eager's block
+// ÷ the mode's block in the same round: its speedup) and "rel:<mode>" (the median of the mode's
+// block ÷ `default`'s block). The tables report, over the repetitions, the least of the "ms"
+// figures (--statistic=min, the default) or their median (--statistic=median), and the median of
+// the ratios with the least and the most repetition beside it. A repetition of a row runs for
+// --benchmark_min_time times the number of its modes, so each mode gets the time the flag says.
+// Why rounds: this kind of host has slow and fast phases lasting seconds to minutes (for minutes
+// a sibling hyperthread of the host takes half of a vCPU's multiply-add throughput:
+// test/benchmarks/RESULTS.md, "Notes on this run"). Timed in separate benchmarks, two modes
+// running the same program differed by up to 20% (their repetitions fell in different phases);
+// in one round every mode is timed within a fraction of a second, so a phase slows all the
+// blocks of a round alike and a ratio of two blocks of one round is free of it. Why the least
+// over repetitions for the times: interference only slows a repetition, so the least is the
+// machine's own rate. Use --benchmark_repetitions=N and --benchmark_enable_random_interleaving=true
+// (as scripts/bench-models.sh does) to spread a row's repetitions over the run.
 // After the benchmarks, each compiled (row, mode) that ran is compiled afresh
 // --first_call_reps=N times (default 3) and its first call timed: trace + backend compile + one
 // run (one step for training rows), in a process that is already warm (one-time library
@@ -638,6 +639,18 @@ bool available(const Mode& m) {
   return m.backend.empty() || torchcompile::has_backend(m.backend);
 }
 
+size_t row_index(const std::string& id) {
+  for (size_t r = 0; r < rows().size(); ++r)
+    if (rows()[r].id == id) return r;
+  return rows().size();
+}
+
+size_t mode_index(const std::string& name) {
+  for (size_t m = 0; m < modes().size(); ++m)
+    if (modes()[m].name == name) return m;
+  return modes().size();
+}
+
 // Targets and measured anchors (median ms: eager LibTorch, TorchScript, Inductor; 2026-11-22, 2 cores of an AMD EPYC).
 struct Target {
   std::string id;
@@ -768,73 +781,87 @@ double time_call_s(const std::function<torch::Tensor()>& f) {
   return std::chrono::duration<double>(t1 - t0).count();
 }
 
-/// The (row, mode) pairs whose benchmark ran (passed --benchmark_filter).
+/// The (row, mode) cells --benchmark_filter selected (select_cell), each compiled and checked.
 std::set<std::pair<size_t, size_t>>& executed() {
   static std::set<std::pair<size_t, size_t>> s;
   return s;
 }
 
-void run_benchmark(benchmark::State& state, size_t row, size_t mode) {
+// The body of the benchmark <row>/<mode> of the selection pass: Google Benchmark's own filter
+// decides which cells are timed; each selected one is compiled and checked here, before any
+// timing.
+void select_cell(benchmark::State& state, size_t row, size_t mode) {
   executed().insert({row, mode});
-  Prepared& p = prepared(row, mode);
-  if (!p.error.empty()) {
-    state.SkipWithError(p.error.c_str());
-    for (auto _ : state) {
-    }
-    return;
-  }
-  c10::optional<torch::NoGradGuard> no_grad;
-  if (!instance(row).training) no_grad.emplace();
-  // Warm-up: at least one call, then up to 20 calls or 20 ms.
-  const auto warm_start = Clock::now();
-  for (int i = 0; i < 20; ++i) {
-    torch::Tensor y = p.runner.call();
-    benchmark::DoNotOptimize(y);
-    if (Clock::now() - warm_start > std::chrono::milliseconds(20)) break;
-  }
-  std::vector<double> times;
-  times.reserve(static_cast<size_t>(std::min<benchmark::IterationCount>(state.max_iterations, 1 << 20)));
+  prepared(row, mode);
   for (auto _ : state) {
-    const double t = time_call_s(p.runner.call);
-    state.SetIterationTime(t);
-    times.push_back(t);
   }
-  state.counters["median_ms"] = median(times) * 1e3;
 }
 
-// `default` (mode a) and another mode (b) of one row called in turns, a block of `calls` calls
-// of a then one of b, then b then a (blocks of a few milliseconds, so that a phase of the host
-// slows both blocks of a pair alike, and each block's later calls find the caches as a run of
-// calls of one mode leaves them). Counter "ratio": the median over the repetition's pairs of a's
-// median call ÷ b's.
-void run_paired(benchmark::State& state, size_t row, size_t a, size_t b, int calls) {
-  Prepared& pa = prepared(row, a);
-  Prepared& pb = prepared(row, b);
+/// A reporter that shows nothing (the selection pass).
+class Silent : public benchmark::BenchmarkReporter {
+ public:
+  bool ReportContext(const Context&) override { return true; }
+  void ReportRuns(const std::vector<Run>&) override {}
+};
+
+const char* const kEagerName = "eager";
+const char* const kDefaultName = "default";
+
+// The benchmark <row>/rounds: the row's modes `ms` (mode indices, each compiled without error)
+// called in rounds, a block of `calls` of each mode per round (see the header comment). The
+// order rotates by one mode every round and reverses every other sweep, so that no mode always
+// follows the same one.
+void run_rounds(benchmark::State& state, size_t row, std::vector<size_t> ms) {
   c10::optional<torch::NoGradGuard> no_grad;
   if (!instance(row).training) no_grad.emplace();
-  std::vector<double> block(static_cast<size_t>(calls));
-  auto block_median = [&](Prepared& p) {
-    for (double& t : block) t = time_call_s(p.runner.call);
-    return median(block);
-  };
-  block_median(pa);  // warm-up
-  block_median(pb);
-  std::vector<double> ratios;
-  bool a_first = true;
-  for (auto _ : state) {
-    double ta, tb;
-    if (a_first) {
-      ta = block_median(pa);
-      tb = block_median(pb);
-    } else {
-      tb = block_median(pb);
-      ta = block_median(pa);
+  const size_t n = ms.size();
+  // Calls per block, from the first warm-up of the row: about 5 ms (1 to 1000 calls).
+  static std::map<size_t, std::vector<int>> calls_of_row;
+  std::vector<int>& calls = calls_of_row[row];
+  if (calls.empty()) {
+    for (size_t m : ms) {
+      const auto& call = prepared(row, m).runner.call;
+      std::vector<double> t;
+      const auto start = Clock::now();
+      do t.push_back(time_call_s(call));
+      while (t.size() < 20 && Clock::now() - start < std::chrono::milliseconds(20));
+      calls.push_back(static_cast<int>(std::clamp(std::ceil(5e-3 / median(t)), 1.0, 1000.0)));
     }
-    a_first = !a_first;
-    state.SetIterationTime((ta + tb) * calls);
-    ratios.push_back(ta / tb);
   }
-  state.counters["ratio"] = median(ratios);
+  static size_t round = 0;
+  std::vector<std::vector<double>> blocks(n);  // per mode: each round's block median, s
+  std::vector<double> block;
+  std::vector<size_t> order(n);
+  for (auto _ : state) {
+    const size_t k = round++;
+    for (size_t i = 0; i < n; ++i) order[i] = (k + i) % n;
+    if ((k / n) % 2) std::reverse(order.begin(), order.end());
+    double total = 0;
+    for (size_t i : order) {
+      const auto& call = prepared(row, ms[i]).runner.call;
+      block.resize(static_cast<size_t>(calls[i]));
+      for (double& t : block) total += t = time_call_s(call);
+      blocks[i].push_back(median(block));
+    }
+    state.SetIterationTime(total);
+  }
+  auto position = [&](const char* name) {
+    const size_t m = mode_index(name);
+    return static_cast<size_t>(std::find(ms.begin(), ms.end(), m) - ms.begin());
+  };
+  // The median over the rounds of blocks[i] ÷ blocks[j].
+  auto ratio = [&](size_t i, size_t j) {
+    std::vector<double> v(blocks[i].size());
+    for (size_t r = 0; r < v.size(); ++r) v[r] = blocks[i][r] / blocks[j][r];
+    return median(v);
+  };
+  const size_t eager = position(kEagerName), def = position(kDefaultName);
+  for (size_t i = 0; i < n; ++i) {
+    const std::string& name = modes()[ms[i]].name;
+    state.counters["ms:" + name] = median(blocks[i]) * 1e3;
+    if (eager < n && i != eager) state.counters["x:" + name] = ratio(eager, i);
+    if (def < n && i != def && i != eager) state.counters["rel:" + name] = ratio(i, def);
+  }
 }
 
 // M2's floor: one pass that reads 16 MiB and writes 16 MiB (`copy_` of M2's input into a
@@ -851,72 +878,68 @@ void run_m2_floor(benchmark::State& state) {
 }
 const char* const kM2Floor = "M2-floor/copy";
 
+/// A ratio over a benchmark's repetitions: their median, the least and the most.
+struct Spread {
+  double median = NAN, low = NAN, high = NAN;
+};
+
 /// The figure reported over a benchmark's repetitions (--statistic).
 enum class Statistic { Min, Median };
 Statistic g_statistic = Statistic::Min;
 const char* statistic_name() { return g_statistic == Statistic::Min ? "min" : "median"; }
 
-/// Collects the median_ms counter of every repetition while printing as the console reporter.
-/// With --benchmark_display_aggregates_only the repetitions are not shown to it: then it keeps
-/// the "median" and "min" aggregates (over repetitions, of median_ms) instead.
+/// Collects the counters of every repetition while printing as the console reporter. With
+/// --benchmark_display_aggregates_only the repetitions are not shown to it: then it keeps the
+/// "median", "min" and "max" aggregates (over repetitions) of each counter instead.
 class Collector : public benchmark::ConsoleReporter {
  public:
   void ReportRuns(const std::vector<Run>& runs) override {
     for (const Run& r : runs) {
-      auto ratio = r.counters.find("ratio");  // paired benchmarks (run_paired)
-      if (ratio != r.counters.end()) {
+      for (const auto& [counter, value] : r.counters) {
+        const Key key{r.run_name.function_name, counter};
         if (r.run_type == Run::RT_Iteration) {
-          ratios[r.run_name.function_name].push_back(ratio->second.value);
+          repetitions_[key].push_back(value.value);
         } else {
-          ratio_aggregates[{r.run_name.function_name, r.aggregate_name}] = ratio->second.value;
+          aggregates_[{key, r.aggregate_name}] = value.value;
         }
-      }
-      auto it = r.counters.find("median_ms");
-      if (it == r.counters.end()) continue;
-      if (r.run_type == Run::RT_Iteration) {
-        medians[r.run_name.function_name].push_back(it->second.value);
-      } else if (r.aggregate_name == "median" || r.aggregate_name == "min") {
-        aggregates[{r.run_name.function_name, r.aggregate_name}] = it->second.value;
       }
     }
     ConsoleReporter::ReportRuns(runs);
   }
-  /// The least (--statistic=min) or the median of a benchmark's per-repetition medians; NaN if
-  /// none was reported.
-  double figure_of(const std::string& name, size_t* repetitions) const {
-    auto it = medians.find(name);
-    if (it != medians.end()) {
+
+  /// A time: the least (--statistic=min) or the median of a counter over the benchmark's
+  /// repetitions; NaN if none was reported.
+  double figure_of(const std::string& name, const std::string& counter, size_t* repetitions) const {
+    auto it = repetitions_.find({name, counter});
+    if (it != repetitions_.end()) {
       *repetitions = it->second.size();
       return g_statistic == Statistic::Min ? tc_bench::least(it->second) : median(it->second);
     }
-    auto agg = aggregates.find({name, statistic_name()});
     *repetitions = 0;  // unknown
-    return agg == aggregates.end() ? NAN : agg->second;
+    return aggregate(name, counter, statistic_name());
+  }
+  double figure_of(const std::string& name, size_t* repetitions) const {
+    return figure_of(name, "median_ms", repetitions);
   }
 
-  /// A paired benchmark's ratio: the median over its repetitions, and the least and the most.
-  bool ratio_of(const std::string& name, double* med, double* lo, double* hi, size_t* repetitions) const {
-    auto it = ratios.find(name);
-    if (it != ratios.end()) {
-      *med = median(it->second);
-      *lo = *std::min_element(it->second.begin(), it->second.end());
-      *hi = *std::max_element(it->second.begin(), it->second.end());
-      *repetitions = it->second.size();
-      return true;
+  /// A ratio: the median of a counter over the repetitions, and the least and the most.
+  Spread spread_of(const std::string& name, const std::string& counter) const {
+    auto it = repetitions_.find({name, counter});
+    if (it != repetitions_.end() && !it->second.empty()) {
+      return {median(it->second), *std::min_element(it->second.begin(), it->second.end()),
+              *std::max_element(it->second.begin(), it->second.end())};
     }
-    auto agg = [&](const char* a) {
-      auto i = ratio_aggregates.find({name, a});
-      return i == ratio_aggregates.end() ? NAN : i->second;
-    };
-    *med = agg("median"), *lo = agg("min"), *hi = agg("max");
-    *repetitions = 0;  // unknown
-    return !std::isnan(*med);
+    return {aggregate(name, counter, "median"), aggregate(name, counter, "min"), aggregate(name, counter, "max")};
   }
 
-  std::map<std::string, std::vector<double>> medians;  ///< by benchmark name, one per repetition
-  std::map<std::string, std::vector<double>> ratios;   ///< paired benchmarks, one per repetition
-  std::map<std::pair<std::string, std::string>, double> ratio_aggregates;  ///< (name, "median"/"min"/"max")
-  std::map<std::pair<std::string, std::string>, double> aggregates;  ///< (name, "median"/"min")
+ private:
+  using Key = std::pair<std::string, std::string>;  ///< (benchmark, counter)
+  double aggregate(const std::string& name, const std::string& counter, const std::string& which) const {
+    auto it = aggregates_.find({{name, counter}, which});
+    return it == aggregates_.end() ? NAN : it->second;
+  }
+  std::map<Key, std::vector<double>> repetitions_;       ///< one value per repetition
+  std::map<std::pair<Key, std::string>, double> aggregates_;  ///< by aggregate name
 };
 
 // ---- results ---------------------------------------------------------------------------------
@@ -924,6 +947,8 @@ class Collector : public benchmark::ConsoleReporter {
 struct Cell {
   double median_ms = NAN;
   size_t repetitions = 0;
+  Spread speedup;  ///< eager's block ÷ this mode's block in the same round (run_rounds)
+  Spread rel;      ///< this mode's block ÷ `default`'s in the same round
   double first_call_ms = NAN;
   CompileInfo first_info;
   // Training rows: bytes held between the forward and the backward (what the step saved for
@@ -942,18 +967,8 @@ struct NewSize {
   double eager_ms = NAN;    ///< median over the sizes of eager's call at each
 };
 
-/// Two modes of a row timed in pairs (run_paired): `default` against the fastest single built-in
-/// backend, and `default dyn` against `default`.
-struct PairedRow {
-  size_t row = 0, a = 0, b = 0;  ///< mode indices; the ratio is a ÷ b
-  double ratio = NAN;            ///< median over repetitions of each one's median pair
-  double low = NAN, high = NAN;  ///< the least and the most of those repetitions
-  size_t repetitions = 0;
-};
-
 struct Results {
   double m2_floor_ms = NAN;  // M2's floor (run_m2_floor), if run
-  std::vector<PairedRow> paired;
   std::map<std::pair<size_t, size_t>, Cell> cells;
   std::vector<std::string> notes;
   int first_call_reps = 0;
@@ -1001,7 +1016,6 @@ std::string main_table(Results& res) {
   for (size_t r = 0; r < rows().size(); ++r) {
     const Row& row = rows()[r];
     os << "| " << row.label << " |";
-    const double base = eager_ms(res, r);
     for (size_t m = 0; m < modes().size(); ++m) {
       const Mode& mode = modes()[m];
       std::string cell;
@@ -1018,7 +1032,7 @@ std::string main_table(Results& res) {
           cell = "error " + add_note(res, row.id + "/" + mode.name + ": " + p.error);
         } else {
           cell = ms(it->second.median_ms);
-          if (is_compiled(mode)) cell += " (" + speed(base / it->second.median_ms) + ")";
+          if (is_compiled(mode)) cell += " (" + speed(it->second.speedup.median) + ")";
           if (p.rel_error >= 0) {
             char err[32];
             std::snprintf(err, sizeof err, " err %.2g%%", 100 * p.rel_error);
@@ -1111,23 +1125,34 @@ std::string first_call_table(const Results& res) {
   return os.str();
 }
 
-size_t row_index(const std::string& id) {
-  for (size_t r = 0; r < rows().size(); ++r)
-    if (rows()[r].id == id) return r;
-  return rows().size();
-}
-
-size_t mode_index(const std::string& name) {
-  for (size_t m = 0; m < modes().size(); ++m)
-    if (modes()[m].name == name) return m;
-  return modes().size();
-}
-
 double cell_ms(const Results& res, size_t r, size_t m) {
   auto it = res.cells.find({r, m});
   if (it == res.cells.end() || !prepared(r, m).error.empty()) return NAN;
   return it->second.median_ms;
 }
+
+/// The speedup of (r, m) over eager, timed in the same rounds; NaN if not timed.
+double cell_speedup(const Results& res, size_t r, size_t m) {
+  auto it = res.cells.find({r, m});
+  if (it == res.cells.end() || !prepared(r, m).error.empty()) return NAN;
+  return it->second.speedup.median;
+}
+
+/// The time of (r, m) relative to `default`'s, timed in the same rounds; NaN if not timed.
+Spread cell_rel(const Results& res, size_t r, size_t m) {
+  auto it = res.cells.find({r, m});
+  if (it == res.cells.end() || !prepared(r, m).error.empty()) return {};
+  return it->second.rel;
+}
+
+/// "1.023 (1.011 – 1.040)": a ratio over the repetitions with the least and the most, or "?".
+std::string spread_text(const Spread& s) {
+  if (std::isnan(s.median)) return "?";
+  return fmt("%.3f", s.median) + " (" + fmt("%.3f", s.low) + " – " + fmt("%.3f", s.high) + ")";
+}
+
+/// 1 ÷ a spread (its least and most swapped).
+Spread inverse(const Spread& s) { return {1 / s.median, 1 / s.high, 1 / s.low}; }
 
 std::string targets_table(const Results& res) {
   std::ostringstream os;
@@ -1140,20 +1165,20 @@ std::string targets_table(const Results& res) {
     const size_t r = row_index(t.id);
     const double need = t.eager_ms / t.target_ms;
     const double e = eager_ms(res, r);
-    const double d = cell_ms(res, r, def);
+    const double d = cell_ms(res, r, def), dx = cell_speedup(res, r, def);
     std::string best = "?";
-    double best_ms = NAN;
+    double best_x = NAN;
     for (size_t m = 0; m < modes().size(); ++m) {
-      const double v = is_compiled(modes()[m]) ? cell_ms(res, r, m) : NAN;
-      if (!std::isnan(v) && (std::isnan(best_ms) || v < best_ms)) {
-        best_ms = v;
-        best = modes()[m].name + " " + ms(v) + " (" + speed(e / v) + ")";
+      const double x = is_compiled(modes()[m]) ? cell_speedup(res, r, m) : NAN;
+      if (!std::isnan(x) && (std::isnan(best_x) || x > best_x)) {
+        best_x = x;
+        best = modes()[m].name + " " + ms(cell_ms(res, r, m)) + " (" + speed(x) + ")";
       }
     }
     os << "| " << t.id << " | " << ms(t.eager_ms) << " | " << (t.torchscript_ms < 0 ? "–" : ms(t.torchscript_ms))
        << " | ≤ " << ms(t.target_ms) << (t.note.empty() ? "" : " (" + t.note + ")") << " | ≥ " << speed(need) << " | "
-       << ms(e) << " | " << ms(d) << " | " << speed(e / d) << " | " << best << " | " << verdict(d, d <= t.target_ms)
-       << " | " << verdict(e / d, e / d >= need) << " |\n";
+       << ms(e) << " | " << ms(d) << " | " << speed(dx) << " | " << best << " | " << verdict(d, d <= t.target_ms)
+       << " | " << verdict(dx, dx >= need) << " |\n";
   }
   auto first_call = [&](size_t r, size_t m) {
     auto it = res.cells.find({r, m});
@@ -1190,7 +1215,7 @@ std::string speedup_tsv(const Results& res) {
   for (size_t m = 0; m < modes().size(); ++m) {
     if (!is_compiled(modes()[m])) continue;
     for (size_t r = 0; r < rows().size(); ++r)
-      if (!std::isnan(cell_ms(res, r, m))) {
+      if (!std::isnan(cell_speedup(res, r, m))) {
         cols.push_back(m);
         break;
       }
@@ -1201,9 +1226,8 @@ std::string speedup_tsv(const Results& res) {
   os << "\n";
   for (size_t r = 0; r < rows().size(); ++r) {
     os << rows()[r].id;
-    const double e = eager_ms(res, r);
     for (size_t m : cols) {
-      const double v = e / cell_ms(res, r, m);
+      const double v = cell_speedup(res, r, m);
       os << "\t" << (std::isnan(v) ? std::string("?") : fmt("%.4f", v));
     }
     os << "\n";
@@ -1220,64 +1244,30 @@ std::string backends_list() {
 // The single built-in backends: `default`'s parts and the interpreter.
 const char* const kSingleBackends[] = {"eager-backend", "torchscript", "onednn", "fused"};
 
-std::string paired_name(size_t row, size_t a, size_t b) {
-  return rows()[row].id + "/" + modes()[a].name + " vs " + modes()[b].name + "/paired";
-}
-
-void register_pair(Results& res, size_t r, size_t a, size_t b) {
-  res.paired.push_back({r, a, b});
-  // Blocks of about 5 ms (at least 1 call, at most 1000).
-  const double call_ms = std::max(cell_ms(res, r, a), cell_ms(res, r, b));
-  const int calls = static_cast<int>(std::clamp(std::ceil(5.0 / call_ms), 1.0, 1000.0));
-  benchmark::RegisterBenchmark(paired_name(r, a, b).c_str(), run_paired, r, a, b, calls)
-      ->UseManualTime()
-      ->Unit(benchmark::kMillisecond)
-      ->ComputeStatistics("min", tc_bench::least)
-      ->ComputeStatistics("max", [](const std::vector<double>& v) {
-        return v.empty() ? NAN : *std::max_element(v.begin(), v.end());
-      });
-}
-
-// For each row whose `default` ran: `default` and the single built-in backend with the least
-// figure in the main table (timed without error, result equal to eager), and `default dyn` and
-// `default`, to be timed in pairs.
-void register_paired(Results& res) {
-  const size_t def = mode_index("default"), dyn = mode_index("default dyn");
+// `default` against the single built-in backend that beat it by most (the least time relative to
+// `default`'s in the same rounds; a mode whose result differs from eager does not count).
+std::string fastest_single_table(const Results& res) {
+  std::ostringstream os;
+  const size_t def = mode_index(kDefaultName);
   for (size_t r = 0; r < rows().size(); ++r) {
     if (std::isnan(cell_ms(res, r, def))) continue;
     size_t best = modes().size();
     for (const char* name : kSingleBackends) {
       const size_t m = mode_index(name);
-      const double v = cell_ms(res, r, m);
+      const double v = cell_rel(res, r, m).median;
       if (std::isnan(v) || !prepared(r, m).mismatch.empty()) continue;
-      if (best == modes().size() || v < cell_ms(res, r, best)) best = m;
+      if (best == modes().size() || v < cell_rel(res, r, best).median) best = m;
     }
-    if (best != modes().size()) register_pair(res, r, def, best);
-    if (!std::isnan(cell_ms(res, r, dyn)) && prepared(r, dyn).mismatch.empty()) register_pair(res, r, dyn, def);
+    if (best == modes().size()) continue;
+    const Spread ratio = inverse(cell_rel(res, r, best));
+    os << "| " << rows()[r].id << " | " << modes()[best].name << " (" << speed(cell_speedup(res, r, best)) << ") | "
+       << speed(cell_speedup(res, r, def)) << " | " << spread_text(ratio) << " | "
+       << (ratio.median <= 1.05 ? "yes" : "**no**") << " |\n";
   }
-}
-
-// The paired ratio of modes a ÷ b on row r with its range, or "?".
-std::string paired_cell(const Results& res, size_t r, size_t a, size_t b) {
-  for (const PairedRow& p : res.paired)
-    if (p.row == r && p.a == a && p.b == b && !std::isnan(p.ratio))
-      return fmt("%.3f", p.ratio) + " (" + fmt("%.3f", p.low) + " – " + fmt("%.3f", p.high) + ")";
-  return "?";
-}
-
-std::string paired_table(const Results& res) {
-  std::ostringstream os;
-  os << "| row | fastest single built-in | default ÷ it, table above | default ÷ it, paired (least – most) | "
-        "within 5% |\n|---|---|---:|---:|---|\n";
-  const size_t def = mode_index("default");
-  for (const PairedRow& p : res.paired) {
-    if (p.a != def) continue;
-    const double main_ratio = cell_ms(res, p.row, def) / cell_ms(res, p.row, p.b);
-    os << "| " << rows()[p.row].id << " | " << modes()[p.b].name << " | " << fmt("%.3f", main_ratio) << " | "
-       << paired_cell(res, p.row, p.a, p.b) << " | " << (std::isnan(p.ratio) ? "?" : p.ratio <= 1.05 ? "yes" : "**no**")
-       << " |\n";
-  }
-  return os.str();
+  if (os.str().empty()) return "";
+  return "| row | fastest single built-in (speedup) | default (speedup) | default ÷ it, same rounds (least – most) | "
+         "within 5% |\n|---|---|---|---:|---|\n" +
+         os.str();
 }
 
 // Dynamic vs static entries of the same backend, same run. A dimension host code reads stays
@@ -1285,16 +1275,15 @@ std::string paired_table(const Results& res) {
 // the same static entry.
 std::string dynamic_table(const Results& res) {
   std::ostringstream os;
-  os << "| id | eager-backend static | dyn | dyn / static | default static | dyn | dyn / static | "
-        "dyn / static, paired (least – most) |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|\n";
+  os << "| id | eager-backend static | dyn | dyn ÷ static | default static | dyn | dyn ÷ static (least – most) |\n"
+        "|---|---:|---:|---:|---:|---:|---:|\n";
   for (size_t r = 0; r < rows().size(); ++r) {
-    os << "| " << rows()[r].id;
-    for (const char* base : {"eager-backend", "default"}) {
-      const double st = cell_ms(res, r, mode_index(base)), dy = cell_ms(res, r, mode_index(std::string(base) + " dyn"));
-      os << " | " << ms(st) << " | " << ms(dy) << " | " << (std::isnan(dy / st) ? "?" : fmt("%.3f", dy / st));
-    }
-    os << " | " << paired_cell(res, r, mode_index("default dyn"), mode_index("default")) << " |\n";
+    const size_t eb = mode_index("eager-backend"), eb_dyn = mode_index("eager-backend dyn");
+    const size_t def = mode_index(kDefaultName), def_dyn = mode_index("default dyn");
+    const double eb_ratio = cell_speedup(res, r, eb) / cell_speedup(res, r, eb_dyn);
+    os << "| " << rows()[r].id << " | " << ms(cell_ms(res, r, eb)) << " | " << ms(cell_ms(res, r, eb_dyn)) << " | "
+       << (std::isnan(eb_ratio) ? "?" : fmt("%.3f", eb_ratio)) << " | " << ms(cell_ms(res, r, def)) << " | "
+       << ms(cell_ms(res, r, def_dyn)) << " | " << spread_text(cell_rel(res, r, def_dyn)) << " |\n";
   }
   return os.str();
 }
@@ -1364,13 +1353,17 @@ std::string new_size_table(const Results& res) {
 std::string report(Results& res) {
   res.notes.clear();
   std::ostringstream os;
-  os << "## Median ms per call (speedup = eager figure / mode figure, same run)\n\n";
-  os << "Each figure: the median call of a repetition, " << (g_statistic == Statistic::Min ? "the least" : "the median")
-     << " over the repetitions (`--statistic=" << statistic_name() << "`"
+  os << "## Median ms per call (speedup over eager timed in the same rounds)\n\n";
+  os << "All the modes of a row are timed together, in rounds: each round calls every mode for a block of about 5 ms "
+        "(the order rotating), so that a phase of the host slows all the blocks of a round alike. Each figure: the "
+        "median block of a repetition, "
+     << (g_statistic == Statistic::Min ? "the least" : "the median") << " over the repetitions (`--statistic="
+     << statistic_name() << "`"
      << (g_statistic == Statistic::Min
              ? ": interference on a shared host only slows a repetition, so the least is the machine's own rate for every mode"
              : "")
-     << "); the speedup divides eager's figure by the mode's.\n\n";
+     << "). The speedup: eager's block ÷ the mode's block of the same round, the median over the rounds of a "
+        "repetition, then over the repetitions.\n\n";
   os << main_table(res);
   os << "\nn/a: backend not registered in this build";
   for (const Mode& m : modes())
@@ -1396,26 +1389,28 @@ std::string report(Results& res) {
     for (const char* mode : {"fused", "default"}) os << ", `" << mode << "` " << ms(cell_ms(res, m8, mode_index(mode)) * 1e3) << " µs";
     os << ".\n";
   }
-  if (!res.paired.empty()) {
-    os << "\n## `default` against the fastest single built-in backend, timed in pairs\n\n"
-          "For each row, the single built-in backend (";
-    for (size_t i = 0; i < std::size(kSingleBackends); ++i) os << (i ? ", " : "") << kSingleBackends[i];
-    os << ") with the least figure above, called in turns with `default` (blocks of about 5 ms of calls of one, then "
-          "of the other, the order alternating): a phase of the host slows both blocks of a pair alike, where the figures above time "
-          "the two modes in different repetitions. The ratio is the median over the repetitions of each "
-          "repetition's median pair of blocks (each block: its median call); in brackets the least and the most repetition.\n\n"
-       << paired_table(res);
+  {
+    const std::string table = fastest_single_table(res);
+    if (!table.empty()) {
+      os << "\n## `default` against the fastest single built-in backend\n\n"
+            "For each row, the single built-in backend (";
+      for (size_t i = 0; i < std::size(kSingleBackends); ++i) os << (i ? ", " : "") << kSingleBackends[i];
+      os << ") that took the least time relative to `default` in the same rounds, with `default`'s time ÷ its "
+            "time: the median over each repetition's median round, and in brackets the least and the most "
+            "repetition.\n\n"
+         << table;
+    }
   }
   // TorchScript archives: torch::compile against the module as TorchScript would deploy it.
   {
     std::ostringstream ts;
     for (size_t r = 0; r < rows().size(); ++r) {
       if (rows()[r].id.rfind("TS-", 0) != 0) continue;
-      const double interp = eager_ms(res, r), frozen = cell_ms(res, r, mode_index("torchscript"));
-      ts << "| " << rows()[r].label << " | " << ms(interp) << " | " << ms(frozen);
+      const size_t frozen = mode_index("torchscript");
+      ts << "| " << rows()[r].label << " | " << ms(eager_ms(res, r)) << " | " << ms(cell_ms(res, r, frozen));
       for (const char* mode : {"onednn", "default"}) {
-        const double v = cell_ms(res, r, mode_index(mode));
-        ts << " | " << ms(v) << " (" << speed(frozen / v) << ")";
+        const size_t m = mode_index(mode);
+        ts << " | " << ms(cell_ms(res, r, m)) << " (" << speed(cell_speedup(res, r, m) / cell_speedup(res, r, frozen)) << ")";
       }
       ts << " |\n";
     }
@@ -1426,8 +1421,8 @@ std::string report(Results& res) {
          << ts.str();
   }
   os << "\n## Dynamic shapes: a dynamic entry (`dynamic = true`) vs a static one, per call at the traced size\n\n"
-        "The last column times `default dyn` and `default` in pairs, as the table of `default` against the fastest "
-        "single built-in backend above.\n\n"
+        "Times in ms; the ratios from blocks of the same rounds (`eager-backend`: the ratio of the two speedups; "
+        "`default`: the median over each repetition's median round, with the least and the most repetition).\n\n"
      << dynamic_table(res);
   if (res.first_call_reps > 0) {
     os << "\n## First call, ms (trace + backend compile + one run; median of " << res.first_call_reps
@@ -1462,8 +1457,10 @@ std::string report(Results& res) {
   }
   if (max_reps > 0)
     os << "- repetitions per benchmark: " << (min_reps == max_reps ? std::to_string(max_reps) : std::to_string(min_reps) + "–" + std::to_string(max_reps))
-       << " (each: the median single call after a warm-up; the figure is the " << (g_statistic == Statistic::Min ? "least" : "median")
-       << " over repetitions, --statistic=" << statistic_name() << ")\n";
+       << " per row, each of --benchmark_min_time × the row's modes (each: the median block of the mode's calls in "
+          "rounds with the row's other modes; the figure is the "
+       << (g_statistic == Statistic::Min ? "least" : "median") << " over repetitions, --statistic=" << statistic_name()
+       << ")\n";
   os << "- registered backends: " << backends_list() << "\n";
   os << "- MALLOC_MMAP_THRESHOLD_=" << tc_bench::env_or("MALLOC_MMAP_THRESHOLD_", "(glibc default)")
      << ", MALLOC_TRIM_THRESHOLD_=" << tc_bench::env_or("MALLOC_TRIM_THRESHOLD_", "(glibc default)")
@@ -1540,6 +1537,13 @@ void measure_memory(Results& res) {
 
 int main(int argc, char** argv) {
   tc_bench::set_up_context();
+  // Google Benchmark's --benchmark_min_time (default 0.5 s), read before it consumes the flag: a
+  // row's benchmark times all its modes, so it runs for this times their number.
+  double min_time = 0.5;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i], flag = "--benchmark_min_time=";
+    if (a.rfind(flag, 0) == 0) min_time = std::atof(a.c_str() + flag.size());
+  }
   benchmark::Initialize(&argc, argv);
   std::string results_md, results_tsv;
   Results res;
@@ -1576,44 +1580,55 @@ int main(int argc, char** argv) {
   argc = kept;
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
 
+  // Which cells to time: Google Benchmark's filter over <row>/<mode>, each selected one compiled
+  // and checked (select_cell, one iteration, shown to no reporter).
   for (size_t r = 0; r < rows().size(); ++r) {
     for (size_t m = 0; m < modes().size(); ++m) {
       if (!applies(rows()[r], modes()[m]) || !available(modes()[m])) continue;
       const std::string name = rows()[r].id + "/" + modes()[m].name;
-      benchmark::RegisterBenchmark(name.c_str(), run_benchmark, r, m)
-          ->UseManualTime()
-          ->Unit(benchmark::kMillisecond)
-          ->ComputeStatistics("min", tc_bench::least);
+      benchmark::RegisterBenchmark(name.c_str(), select_cell, r, m)->Iterations(1)->Repetitions(1);
     }
   }
+  Silent silent;
+  benchmark::RunSpecifiedBenchmarks(&silent);
+  benchmark::ClearRegisteredBenchmarks();
+
+  // Each row's selected modes timed in rounds (run_rounds).
+  std::vector<std::vector<size_t>> timed(rows().size());
+  for (const auto& [r, m] : executed())
+    if (prepared(r, m).error.empty()) timed[r].push_back(m);
+  for (size_t r = 0; r < rows().size(); ++r) {
+    if (timed[r].empty()) continue;
+    benchmark::RegisterBenchmark((rows()[r].id + "/rounds").c_str(), run_rounds, r, timed[r])
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond)
+        ->MinTime(min_time * static_cast<double>(timed[r].size()))
+        ->ComputeStatistics("min", tc_bench::least)
+        ->ComputeStatistics("max", [](const std::vector<double>& v) {
+          return v.empty() ? NAN : *std::max_element(v.begin(), v.end());
+        });
+  }
+  Collector collector;
+  benchmark::RunSpecifiedBenchmarks(&collector, "^[^/]+/rounds/");
+  benchmark::ClearRegisteredBenchmarks();
+  for (const auto& [r, m] : executed()) {
+    Cell& c = res.cells[{r, m}];
+    // NaN if the mode failed to compile: prepared(r, m).error says why.
+    const std::string name = rows()[r].id + "/rounds", mode = modes()[m].name;
+    c.median_ms = collector.figure_of(name, "ms:" + mode, &c.repetitions);
+    c.speedup = collector.spread_of(name, "x:" + mode);
+    c.rel = collector.spread_of(name, "rel:" + mode);
+  }
+
+  // M2's floor and the GEMM table (the filter applies to their names).
   benchmark::RegisterBenchmark(kM2Floor, run_m2_floor)
       ->UseManualTime()
       ->Unit(benchmark::kMillisecond)
       ->ComputeStatistics("min", tc_bench::least);
   bench_gemm::register_benchmarks();
-  Collector collector;
   benchmark::RunSpecifiedBenchmarks(&collector);
-
-  for (size_t r = 0; r < rows().size(); ++r) {
-    for (size_t m = 0; m < modes().size(); ++m) {
-      if (!executed().count({r, m})) continue;  // filtered out
-      Cell& c = res.cells[{r, m}];
-      // NaN if the benchmark failed: prepared(r, m).error says why.
-      c.median_ms = collector.figure_of(rows()[r].id + "/" + modes()[m].name, &c.repetitions);
-    }
-  }
   size_t floor_reps = 0;
   res.m2_floor_ms = collector.figure_of(kM2Floor, &floor_reps);
-  // `default` and the fastest single built-in backend of each row, and `default dyn` and
-  // `default`, timed in pairs (the same repetitions and interleaving flags).
-  benchmark::ClearRegisteredBenchmarks();
-  register_paired(res);
-  if (!res.paired.empty()) {
-    std::printf("\nPaired: default against the fastest single built-in backend, default dyn against default\n");
-    benchmark::RunSpecifiedBenchmarks(&collector, "/paired(/|$)");
-    for (PairedRow& p : res.paired)
-      collector.ratio_of(paired_name(p.row, p.a, p.b), &p.ratio, &p.low, &p.high, &p.repetitions);
-  }
   if (res.first_call_reps > 0) {
     std::printf("\nFirst calls (%d fresh compiles each)\n", res.first_call_reps);
     measure_first_calls(res);
