@@ -16,9 +16,12 @@
 
 namespace torchcompile::compile_stage {
 
-/// Rewrites every `aten::mm` of `gm` (static sizes, floating dtype) one of whose operands is a
-/// view chain (`expand`, `t`, `view`, `_reshape_alias`, ...) of a one-element tensor, as above.
-/// Returns one line per rewrite for the compile report ("mm_2 [512 x 4096 @ 4096 x 2048]: ...").
+/// Rewrites every `aten::mm` of `gm` (floating dtype) one of whose operands is a view chain
+/// (`expand`, `t`, `view`, `_reshape_alias`, ...) of a one-element tensor, as above. In a graph with
+/// size symbols the new nodes carry the product's symbolic sizes (the expand takes them as a size
+/// expression), and a tensor counts as one element only if each of its sizes is the constant 1.
+/// Returns one line per rewrite for the compile report ("mm_2 [512 x 4096 @ 4096 x 2048]: ...",
+/// "mm_2 [2048 x 128*s0 @ 128*s0 x 512]: ..." with symbols).
 std::vector<std::string> simplify_broadcast_products(GraphModule& gm);
 
 }  // namespace torchcompile::compile_stage

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "examples/models.h"
@@ -164,6 +165,39 @@ TEST(DefaultBackend, ProductWithABroadcastOperandIsASum) {
   }
 }
 
+// The same with size symbols (`dynamic = true`): the product's sizes are symbols of the input's
+// sizes, and the rewritten graph serves every size.
+TEST(DefaultBackend, ProductWithABroadcastOperandIsASumAtEverySize) {
+  torch::NoGradGuard no_grad;
+  std::mt19937 rng(11);
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  const auto options = torchcompile::CompileOptions("default").with_dynamic(true);
+  for (int trial = 0; trial < 8; ++trial) {
+    // first: [N, M] (one value broadcast) @ other [M, K]: host code reads M (which then stays a
+    // size of the trace), K is a symbol (at least 2: a dimension of size 1 stays static);
+    // else: other [M, K] @ [K, N] (one value broadcast; host code reads K): M is a symbol.
+    const bool first = trial % 2 == 0;
+    const int64_t K0 = pick(2, 40), N = pick(1, 30);
+    auto fn = [=](torch::Tensor s, torch::Tensor other) {
+      torch::Tensor product = first ? torch::mm(s.reshape({}).expand({N, other.size(0)}), other)
+                                    : torch::mm(other, s.reshape({1, 1}).expand({other.size(1), N}));
+      return torch::relu(product) + 1;
+    };
+    SCOPED_TRACE("trial " + std::to_string(trial) + ": K " + std::to_string(K0) + " N " + std::to_string(N) +
+                 (first ? ", first" : ", second"));
+    auto compiled = torch::compile(fn, options);
+    const int64_t M0 = pick(2, 30);
+    for (auto [M, K] : std::vector<std::pair<int64_t, int64_t>>{{M0, K0}, {M0, K0 + 5}, {M0 + 3, K0}, {M0 - 1, K0 + 1}}) {
+      torch::Tensor s = torch::randn({1}), other = torch::randn({M, K});
+      EXPECT_TRUE(tensors_close(fn(s, other), compiled(s, other), kRtol, kAtol)) << "M " << M << ", K " << K;
+    }
+    auto e = torchcompile::explain(options, fn, torch::randn({1}), torch::randn({M0, K0}));
+    ASSERT_EQ(e.compiled.size(), 1u);
+    ASSERT_EQ(e.compiled[0].rewrites.size(), 1u) << e;
+    EXPECT_THAT(e.compiled[0].rewrites[0], ::testing::HasSubstr("s0")) << e;
+  }
+}
+
 // Training with a sum() loss: the backward of the last Linear multiplies by the loss's gradient
 // broadcast; both products become sums, and the gradients are eager's.
 TEST(DefaultBackend, SumLossBackwardProductsAreSums) {
@@ -193,5 +227,40 @@ TEST(DefaultBackend, SumLossBackwardProductsAreSums) {
   ASSERT_EQ(e.compiled.size(), 1u);
   EXPECT_THAT(e.compiled[0].rewrites, ::testing::ElementsAre(::testing::HasSubstr("column sums of its second operand"),
                                                              ::testing::HasSubstr("column sums of its second operand")))
+      << e;
+}
+
+// The same training step with `dynamic = true` over batch sizes: the backward's products with the
+// loss's gradient are sums in the graph with the batch symbol, and the gradients are eager's at
+// every size.
+TEST(DefaultBackend, SumLossBackwardProductsAreSumsAtEveryBatchSize) {
+  torch::manual_seed(0);
+  torch::nn::Sequential net(torch::nn::Linear(24, 48), torch::nn::GELU(), torch::nn::Linear(48, 16));
+  torch::nn::Sequential ref(torch::nn::Linear(24, 48), torch::nn::GELU(), torch::nn::Linear(48, 16));
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < net->parameters().size(); ++i) ref->parameters()[i].copy_(net->parameters()[i]);
+  }
+  auto step = [](torch::nn::Sequential& m, const torch::Tensor& x) { return m->forward(x).sum(); };
+  const auto options = torchcompile::CompileOptions("default").with_dynamic(true);
+  auto compiled = torch::compile([&](torch::Tensor x) { return step(net, x); }, options);
+  for (int64_t batch : {32, 40, 17, 32, 5}) {
+    auto x = torch::randn({batch, 24});
+    for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
+    for (auto& p : ref->parameters()) p.mutable_grad() = torch::Tensor();
+    auto got = compiled(x);
+    got.backward();
+    auto want = step(ref, x);
+    want.backward();
+    EXPECT_TRUE(tensors_close(want, got, kRtol, kAtol)) << "batch " << batch;
+    for (size_t i = 0; i < net->parameters().size(); ++i)
+      EXPECT_TRUE(tensors_close(ref->parameters()[i].grad(), net->parameters()[i].grad(), kRtol, kAtol))
+          << "batch " << batch << ", gradient " << i;
+  }
+  auto e = torchcompile::explain(options, [&](torch::Tensor x) { return step(net, x); }, torch::randn({32, 24}));
+  ASSERT_EQ(e.compiled.size(), 1u);
+  EXPECT_THAT(e.compiled[0].rewrites,
+              ::testing::ElementsAre(::testing::AllOf(::testing::HasSubstr("column sums"), ::testing::HasSubstr("s0")),
+                                     ::testing::AllOf(::testing::HasSubstr("column sums"), ::testing::HasSubstr("s0"))))
       << e;
 }
