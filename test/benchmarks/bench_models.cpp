@@ -805,9 +805,6 @@ class Silent : public benchmark::BenchmarkReporter {
   void ReportRuns(const std::vector<Run>&) override {}
 };
 
-const char* const kEagerName = "eager";
-const char* const kDefaultName = "default";
-
 // The benchmark <row>/rounds: the row's modes `ms` (mode indices, each compiled without error)
 // called in rounds, a block of `calls` of each mode per round (see the header comment). The
 // order rotates by one mode every round and reverses every other sweep, so that no mode always
@@ -860,7 +857,7 @@ void run_rounds(benchmark::State& state, size_t row, std::vector<size_t> ms) {
     for (size_t r = 0; r < v.size(); ++r) v[r] = blocks[i][r] / blocks[j][r];
     return median(v);
   };
-  const size_t eager = position(kEagerName), def = position(kDefaultName);
+  const size_t eager = position("eager"), def = position("default");
   for (size_t i = 0; i < n; ++i) {
     const std::string& name = modes()[ms[i]].name;
     state.counters["ms:" + name] = median(blocks[i]) * 1e3;
@@ -1130,24 +1127,27 @@ std::string first_call_table(const Results& res) {
   return os.str();
 }
 
-double cell_ms(const Results& res, size_t r, size_t m) {
+/// The cell (r, m) if it was timed (selected, and compiled without error), else nullptr.
+const Cell* timed_cell(const Results& res, size_t r, size_t m) {
   auto it = res.cells.find({r, m});
-  if (it == res.cells.end() || !prepared(r, m).error.empty()) return NAN;
-  return it->second.median_ms;
+  return it == res.cells.end() || !prepared(r, m).error.empty() ? nullptr : &it->second;
+}
+
+double cell_ms(const Results& res, size_t r, size_t m) {
+  const Cell* c = timed_cell(res, r, m);
+  return c ? c->median_ms : NAN;
 }
 
 /// The speedup of (r, m) over eager, timed in the same rounds; NaN if not timed.
 double cell_speedup(const Results& res, size_t r, size_t m) {
-  auto it = res.cells.find({r, m});
-  if (it == res.cells.end() || !prepared(r, m).error.empty()) return NAN;
-  return it->second.speedup.median;
+  const Cell* c = timed_cell(res, r, m);
+  return c ? c->speedup.median : NAN;
 }
 
-/// The time of (r, m) relative to `default`'s, timed in the same rounds; NaN if not timed.
+/// The time of (r, m) relative to `default`'s, timed in the same rounds; NaNs if not timed.
 Spread cell_rel(const Results& res, size_t r, size_t m) {
-  auto it = res.cells.find({r, m});
-  if (it == res.cells.end() || !prepared(r, m).error.empty()) return {};
-  return it->second.rel;
+  const Cell* c = timed_cell(res, r, m);
+  return c ? c->rel : Spread{};
 }
 
 /// "1.023 (1.011 – 1.040)": a ratio over the repetitions with the least and the most, or "?".
@@ -1253,7 +1253,7 @@ const char* const kSingleBackends[] = {"eager-backend", "torchscript", "onednn",
 // `default`'s in the same rounds; a mode whose result differs from eager does not count).
 std::string fastest_single_table(const Results& res) {
   std::ostringstream os;
-  const size_t def = mode_index(kDefaultName);
+  const size_t def = mode_index("default");
   for (size_t r = 0; r < rows().size(); ++r) {
     if (std::isnan(cell_ms(res, r, def))) continue;
     size_t best = modes().size();
@@ -1284,7 +1284,7 @@ std::string dynamic_table(const Results& res) {
         "|---|---:|---:|---:|---:|---:|---:|\n";
   for (size_t r = 0; r < rows().size(); ++r) {
     const size_t eb = mode_index("eager-backend"), eb_dyn = mode_index("eager-backend dyn");
-    const size_t def = mode_index(kDefaultName), def_dyn = mode_index("default dyn");
+    const size_t def = mode_index("default"), def_dyn = mode_index("default dyn");
     const double eb_ratio = cell_speedup(res, r, eb) / cell_speedup(res, r, eb_dyn);
     os << "| " << rows()[r].id << " | " << ms(cell_ms(res, r, eb)) << " | " << ms(cell_ms(res, r, eb_dyn)) << " | "
        << (std::isnan(eb_ratio) ? "?" : fmt("%.3f", eb_ratio)) << " | " << ms(cell_ms(res, r, def)) << " | "
