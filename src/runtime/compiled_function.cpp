@@ -26,6 +26,7 @@
 #include <torch/nn/module.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <mutex>
 #include <optional>
@@ -103,6 +104,7 @@ CompiledFunction::CompiledFunction(CompileOptions options, std::shared_ptr<torch
   capture::register_tracing_fallback();
   const char* verify_env = std::getenv("TORCHCOMPILE_VERIFY");
   verify_ = options_.verify || (verify_env != nullptr && std::string(verify_env) == "1");
+  NewSizeCosts::forced_from_env();  // a misspelt TORCHCOMPILE_NEW_SIZES fails here, not at a new size
   // Resolve now so a misspelt backend name (or a precision this build or CPU cannot give) fails
   // at torch::compile, not at the first call.
   compile_stage::check_precision(options_.precision_options());
@@ -331,6 +333,7 @@ std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, 
     if (root && plan.replays_forward()) {
       // The first size's tree; later sizes add theirs (run_replayed).
       auto replays = std::make_shared<ForwardReplays>();
+      replays->new_sizes.forced = NewSizeCosts::forced_from_env();
       replays->plan = std::move(plan);
       replays->first = std::make_shared<CompiledEntry>(shared_guards, std::move(root), names, "");
       replays->trees.insert(replays->plan.traced_key(), replays->first);
@@ -401,11 +404,21 @@ std::vector<at::Tensor> CompiledFunction::trace_new_sizes(const CompiledEntry& e
                                                           const ForwardFn& forward, OutputSpec& spec) {
   ForwardReplays& replays = *entry.replays_;
   const SizeKey key = replays.plan.key_of(args.tensors);
+  using Clock = std::chrono::steady_clock;
+  auto us_since = [](Clock::time_point start) {
+    return std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+  };
   // With a graph for every size (no graph break: a break's host read needs data), and autograd
   // not recording: a trace of shapes only (host code runs, ops on meta tensors) tells whether
-  // these sizes record that graph; then it computes the call, and nothing is compiled.
-  if (replays.general && replays.general_trace.size() == 1 &&
-      autograd_reason(args, entry.input_names_, root_.get()).empty()) {
+  // these sizes record that graph; then it computes the call, and nothing is compiled. Unless a
+  // real trace (below) has cost this forward less (NewSizeCosts).
+  const bool shapes_possible = replays.general && replays.general_trace.size() == 1 &&
+                               autograd_reason(args, entry.input_names_, root_.get()).empty();
+  if (shapes_possible && !replays.new_sizes.use_shapes())
+    TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", name_, "): new sizes ", replays.plan.key_str(key),
+                     ": checked by a real trace, which computes the call (", replays.new_sizes.str(), ")");
+  if (shapes_possible && replays.new_sizes.use_shapes()) {
+    const Clock::time_point start = Clock::now();
     std::string why;
     try {
       support::RngStateGuard keep_rng;  // ops without meta kernels run on zeros
@@ -423,8 +436,10 @@ std::vector<at::Tensor> CompiledFunction::trace_new_sizes(const CompiledEntry& e
       const size_t count = replays.trees.insert(key, replays.general);
       TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", name_, "): new sizes ", replays.plan.key_str(key),
                        ": the forward's shapes record the graph with size expressions: no compile (", count,
-                       " sizes traced)");
-      return run_entry(*replays.general, args, forward, spec);
+                       " sizes traced; ", replays.new_sizes.str(), ")");
+      std::vector<at::Tensor> outputs = run_entry(*replays.general, args, forward, spec);
+      replays.new_sizes.add_shapes(us_since(start));
+      return outputs;
     }
     TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", name_, "): new sizes ", replays.plan.key_str(key),
                      ": the trace of shapes does not give the graph with size expressions (", why,
@@ -432,9 +447,11 @@ std::vector<at::Tensor> CompiledFunction::trace_new_sizes(const CompiledEntry& e
   }
   // The forward at these sizes, host code included: its integers and branches are those of these
   // sizes, as in a static entry's trace. Modules whose hooks it crosses join the entry's guards.
+  const Clock::time_point start = Clock::now();
   TracedRun traced = trace_forward(*this, entry.guards(), args, forward, spec, entry.input_names_);
   std::string failure = traced.failure;
   const bool recorded = failure.empty() && !traced.records.empty();
+  if (recorded) replays.new_sizes.add_traced(us_since(start));
   // The trace as its samples and the graphs with size expressions have it: later segments take
   // the forward's inputs too (with_forward_inputs). Compiled trees keep the trace as recorded.
   auto comparable = [&] {

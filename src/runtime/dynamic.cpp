@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <map>
 #include <sstream>
 #include <unordered_map>
@@ -471,6 +472,28 @@ std::vector<at::Tensor> ShapeSpecializations::specialize(const SizeKey& key, con
   TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", owner_, "): new sizes ", plan_.key_str(key), ": ", how, " (",
                    count, " sizes compiled)");
   return outputs;
+}
+
+NewSizeCosts::Forced NewSizeCosts::forced_from_env() {
+  const char* env = std::getenv("TORCHCOMPILE_NEW_SIZES");
+  const std::string value = env ? env : "";
+  if (value.empty()) return Forced::No;
+  if (value == "shapes") return Forced::Shapes;
+  if (value == "trace") return Forced::Trace;
+  TORCH_CHECK(false, "TORCHCOMPILE_NEW_SIZES: expected 'shapes' (a trace of shapes, then the compiled call), 'trace' ",
+              "(a real trace computes the call) or nothing (the cheaper so far), got '", value, "'");
+}
+
+bool NewSizeCosts::use_shapes() const {
+  if (forced != Forced::No) return forced == Forced::Shapes;
+  return shapes_us < 0 || traced_us < 0 || shapes_us <= traced_us;
+}
+
+std::string NewSizeCosts::str() const {
+  auto us = [](double v) { return v < 0 ? std::string("?") : std::to_string(static_cast<int64_t>(v)) + " us"; };
+  return "trace of shapes + compiled call " + us(shapes_us) + ", real trace " + us(traced_us) +
+         (forced == Forced::No ? "" : forced == Forced::Shapes ? "; TORCHCOMPILE_NEW_SIZES=shapes"
+                                                               : "; TORCHCOMPILE_NEW_SIZES=trace");
 }
 
 }  // namespace runtime

@@ -310,6 +310,28 @@ std::string serve_all_sizes(Segment& root, DynamicPlan plan, std::shared_ptr<Gra
 /// From then on a new combination of values still runs the forward under the tracer (host code
 /// decides as it would at those sizes), but when the recorded graph is `general` at those sizes
 /// (same_graph_at) the backend is not called again: those sizes run `general`'s tree.
+/// How a new size that a graph with size expressions may serve is checked, chosen by what each
+/// way has cost this forward: a trace of shapes only (host code runs, ops on meta tensors), then
+/// the compiled call; or a real trace, whose kernels compute the call (an eager forward plus the
+/// recording). The first is cheaper where the compiled call is much faster than eager (large
+/// tensors), the second where the forward's work is small next to its host code (a GPT's step:
+/// the compiled call would also build the new size's primitives, used once).
+/// TORCHCOMPILE_NEW_SIZES=shapes or =trace forces one (read at torch::compile).
+struct NewSizeCosts {
+  enum class Forced { No, Shapes, Trace };
+  Forced forced = Forced::No;
+  double shapes_us = -1;  ///< trace of shapes + compiled call: running mean (< 0: not measured yet)
+  double traced_us = -1;  ///< real trace at a new size: running mean (< 0: not measured yet)
+
+  /// TORCHCOMPILE_NEW_SIZES (unset or empty: by cost); throws on another value.
+  static Forced forced_from_env();
+  /// Check by a trace of shapes: forced, or not measured yet, or no dearer than a real trace.
+  bool use_shapes() const;
+  void add_shapes(double us) { shapes_us = shapes_us < 0 ? us : (shapes_us + us) / 2; }
+  void add_traced(double us) { traced_us = traced_us < 0 ? us : (traced_us + us) / 2; }
+  std::string str() const;  ///< for the dynamic log
+};
+
 struct ForwardReplays {
   DynamicPlan plan;
   BySize<std::shared_ptr<const CompiledEntry>> trees;
@@ -322,6 +344,7 @@ struct ForwardReplays {
   std::shared_ptr<const CompiledEntry> general;  // its compiled tree
   std::string general_reason;                    // why there is none (empty: not tried yet)
   size_t general_hits = 0;                       // new sizes served by `general` without a compile
+  NewSizeCosts new_sizes;                        // how those sizes are checked
 };
 
 }  // namespace torchcompile::runtime

@@ -14,6 +14,7 @@
 
 #include "capture/observed.h"
 #include "ir/effects.h"
+#include "runtime/dynamic_entry.h"
 #include "runtime/guards.h"
 
 #include <cstdlib>
@@ -586,7 +587,8 @@ TEST(Dynamic, HostComputedIntegersBecomeSizeExpressions) {
 // and the heads' `view({B, T, H, D})`. The backend, registered by name and counting its calls, is
 // called at most 3 times under automatic dynamic (the first length, the dynamic entry's first
 // length, the graph with size expressions) and with dynamic = true; every step's logits are
-// eager's.
+// eager's, whichever way the new lengths are checked (TORCHCOMPILE_NEW_SIZES: a trace of shapes
+// then the compiled call, a real trace, or the cheaper so far).
 TEST_P(DynamicBackends, GptGenerationCompilesAtMostThreeTimes) {
   torch::NoGradGuard no_grad;
   torch::manual_seed(17);
@@ -594,8 +596,10 @@ TEST_P(DynamicBackends, GptGenerationCompilesAtMostThreeTimes) {
   gpt->eval();
   auto prompt = torch::randint(0, 96, {1, 5});
   auto tokens = tc_test::generate([&](const torch::Tensor& idx) { return gpt->forward(idx); }, prompt, 24);
-  for (bool automatic : {true, false}) {
-    SCOPED_TRACE(automatic ? "automatic dynamic" : "dynamic = true");
+  for (auto [automatic, check] : std::vector<std::pair<bool, const char*>>{
+           {true, ""}, {false, ""}, {true, "shapes"}, {true, "trace"}}) {
+    SCOPED_TRACE(std::string(automatic ? "automatic dynamic" : "dynamic = true") + ", TORCHCOMPILE_NEW_SIZES=" + check);
+    tc_test::ScopedEnv new_sizes("TORCHCOMPILE_NEW_SIZES", check);
     CountingBackend counter(GetParam());
     auto opts = torchcompile::CompileOptions(counter.name);
     if (!automatic) opts = opts.with_dynamic(true);
@@ -679,18 +683,57 @@ TEST_P(DynamicBackends, SizeExpressionGraphIsCheckedAtEveryNewSize) {
     if (T > 12 && x.sum().item<float>() > 0) y = y * 2;
     return y + T;
   };
-  CountingBackend counter(GetParam());
-  auto fast = torch::compile(fn, torchcompile::CompileOptions(counter.name).with_dynamic(true));
-  for (int64_t t : {3, 4, 5, 6, 9, 10, 13, 14, 7, 11, 15, 4}) {
-    auto x = torch::randn({2, t, 16});  // no size equal to another (duck sizing)
-    auto got = fast(x), expected = fn(x);
-    ASSERT_EQ(got.sizes(), expected.sizes()) << "T = " << t;
-    ASSERT_TRUE(tensors_close(got, expected, 1e-5, 1e-6)) << "T = " << t;
+  for (const char* check : {"shapes", "trace"}) {
+    SCOPED_TRACE(std::string("TORCHCOMPILE_NEW_SIZES=") + check);
+    tc_test::ScopedEnv new_sizes("TORCHCOMPILE_NEW_SIZES", check);
+    CountingBackend counter(GetParam());
+    auto fast = torch::compile(fn, torchcompile::CompileOptions(counter.name).with_dynamic(true));
+    for (int64_t t : {3, 4, 5, 6, 9, 10, 13, 14, 7, 11, 15, 4}) {
+      auto x = torch::randn({2, t, 16});  // no size equal to another (duck sizing)
+      auto got = fast(x), expected = fn(x);
+      ASSERT_EQ(got.sizes(), expected.sizes()) << "T = " << t;
+      ASSERT_TRUE(tensors_close(got, expected, 1e-5, 1e-6)) << "T = " << t;
+    }
+    // dynamic = true keeps the T host code read static in the first entry (its feature size is the
+    // symbol); T changing makes the second entry, whose graph has size expressions.
+    EXPECT_EQ(fast.state().num_entries(), 2u);
+    EXPECT_TRUE(fast.state().entries().front()->symbolic_graph());
   }
-  // dynamic = true keeps the T host code read static in the first entry (its feature size is the
-  // symbol); T changing makes the second entry, whose graph has size expressions.
-  EXPECT_EQ(fast.state().num_entries(), 2u);
-  EXPECT_TRUE(fast.state().entries().front()->symbolic_graph());
+}
+
+// How a new size is checked (NewSizeCosts): by a trace of shapes until both ways have a cost,
+// then by the cheaper so far (running means, so a way whose cost grows past the other's gives
+// way to it); TORCHCOMPILE_NEW_SIZES forces one and a misspelt value fails at torch::compile.
+TEST(Dynamic, NewSizesAreCheckedTheCheaperWay) {
+  tcr::NewSizeCosts costs;
+  EXPECT_TRUE(costs.use_shapes());  // nothing measured
+  costs.add_traced(500);
+  EXPECT_TRUE(costs.use_shapes());  // shapes not measured yet
+  costs.add_shapes(2000);
+  EXPECT_FALSE(costs.use_shapes());  // a GPT step: the real trace costs less
+  costs.add_traced(3500);            // the forward's work grows: (500 + 3500) / 2
+  EXPECT_DOUBLE_EQ(costs.traced_us, 2000);
+  EXPECT_TRUE(costs.use_shapes());  // as cheap again: shapes
+  costs.add_shapes(4000);
+  EXPECT_FALSE(costs.use_shapes());
+  costs.forced = tcr::NewSizeCosts::Forced::Shapes;
+  EXPECT_TRUE(costs.use_shapes());
+  costs.forced = tcr::NewSizeCosts::Forced::Trace;
+  costs.shapes_us = 1;
+  EXPECT_FALSE(costs.use_shapes());
+  {
+    tc_test::ScopedEnv env("TORCHCOMPILE_NEW_SIZES", "trace");
+    EXPECT_EQ(tcr::NewSizeCosts::forced_from_env(), tcr::NewSizeCosts::Forced::Trace);
+  }
+  tc_test::ScopedEnv env("TORCHCOMPILE_NEW_SIZES", "meta");
+  auto fn = [](const torch::Tensor& x) { return x + 1; };
+  try {
+    torch::compile(fn, "eager");
+    ADD_FAILURE() << "a misspelt TORCHCOMPILE_NEW_SIZES compiled";
+  } catch (const c10::Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("TORCHCOMPILE_NEW_SIZES: expected 'shapes'"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("got 'meta'"));
+  }
 }
 
 // A forward with graph breaks whose host code reads sizes: each segment of its tree gets size
