@@ -104,7 +104,7 @@ CompiledFunction::CompiledFunction(CompileOptions options, std::shared_ptr<torch
   capture::register_tracing_fallback();
   const char* verify_env = std::getenv("TORCHCOMPILE_VERIFY");
   verify_ = options_.verify || (verify_env != nullptr && std::string(verify_env) == "1");
-  NewSizeCosts::forced_from_env();  // a misspelt TORCHCOMPILE_NEW_SIZES fails here, not at a new size
+  (void)NewSizeCosts::forced_from_env();  // a misspelt TORCHCOMPILE_NEW_SIZES fails here, not at a new size
   // Resolve now so a misspelt backend name (or a precision this build or CPU cannot give) fails
   // at torch::compile, not at the first call.
   compile_stage::check_precision(options_.precision_options());

@@ -300,16 +300,6 @@ std::string serve_all_sizes(Segment& root, DynamicPlan plan, std::shared_ptr<Gra
                             std::string static_reason, const std::function<std::vector<at::Tensor>()>& examples,
                             const Backend& backend, const std::string& backend_name, const std::string& owner);
 
-/// A dynamic entry whose graph may depend on its symbols' values (step 4b): one trace tree per
-/// combination of values, each traced by running the forward at those sizes. The trees share
-/// the entry's guards (a retrace adds the modules whose hooks it crossed).
-///
-/// The graphs traced at the first sizes are kept as samples; from the second size on,
-/// generalize() tries to make one graph with size expressions of them, compiled once
-/// (`general`); until the traces tell the expressions apart, a new size's trace is not compiled.
-/// From then on a new combination of values still runs the forward under the tracer (host code
-/// decides as it would at those sizes), but when the recorded graph is `general` at those sizes
-/// (same_graph_at) the backend is not called again: those sizes run `general`'s tree.
 /// How a new size that a graph with size expressions may serve is checked, chosen by what each
 /// way has cost this forward: a trace of shapes only (host code runs, ops on meta tensors), then
 /// the compiled call; or a real trace, whose kernels compute the call (an eager forward plus the
@@ -332,6 +322,16 @@ struct NewSizeCosts {
   std::string str() const;  ///< for the dynamic log
 };
 
+/// A dynamic entry whose graph may depend on its symbols' values (step 4b): one trace tree per
+/// combination of values, each traced by running the forward at those sizes. The trees share
+/// the entry's guards (a retrace adds the modules whose hooks it crossed).
+///
+/// The graphs traced at the first sizes are kept as samples; from the second size on,
+/// generalize() tries to make one graph with size expressions of them, compiled once
+/// (`general`); until the traces tell the expressions apart, a new size's trace is not compiled.
+/// From then on a new combination of values still runs the forward under the tracer (host code
+/// decides as it would at those sizes), but when the recorded graph is `general` at those sizes
+/// (same_graph_at) the backend is not called again: those sizes run `general`'s tree.
 struct ForwardReplays {
   DynamicPlan plan;
   BySize<std::shared_ptr<const CompiledEntry>> trees;
