@@ -414,10 +414,12 @@ std::vector<at::Tensor> CompiledFunction::trace_new_sizes(const CompiledEntry& e
   // real trace (below) has cost this forward less (NewSizeCosts).
   const bool shapes_possible = replays.general && replays.general_trace.size() == 1 &&
                                autograd_reason(args, entry.input_names_, root_.get()).empty();
-  if (shapes_possible && !replays.new_sizes.use_shapes())
+  const bool by_shapes = shapes_possible && replays.new_sizes.use_shapes();
+  if (shapes_possible && !by_shapes)
     TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", name_, "): new sizes ", replays.plan.key_str(key),
                      ": checked by a real trace, which computes the call (", replays.new_sizes.str(), ")");
-  if (shapes_possible && replays.new_sizes.use_shapes()) {
+  double failed_shapes_us = -1;  // a trace of shapes that did not give the graph: its cost joins the real trace's
+  if (by_shapes) {
     const Clock::time_point start = Clock::now();
     std::string why;
     try {
@@ -441,6 +443,7 @@ std::vector<at::Tensor> CompiledFunction::trace_new_sizes(const CompiledEntry& e
       replays.new_sizes.add_shapes(us_since(start));
       return outputs;
     }
+    failed_shapes_us = us_since(start);
     TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", name_, "): new sizes ", replays.plan.key_str(key),
                      ": the trace of shapes does not give the graph with size expressions (", why,
                      "); tracing the forward");
@@ -451,7 +454,12 @@ std::vector<at::Tensor> CompiledFunction::trace_new_sizes(const CompiledEntry& e
   TracedRun traced = trace_forward(*this, entry.guards(), args, forward, spec, entry.input_names_);
   std::string failure = traced.failure;
   const bool recorded = failure.empty() && !traced.records.empty();
-  if (recorded) replays.new_sizes.add_traced(us_since(start));
+  if (recorded) {
+    const double traced_us = us_since(start);
+    // Checking by shapes cost this size both traces; a real trace alone costs its own.
+    if (failed_shapes_us >= 0) replays.new_sizes.add_shapes(failed_shapes_us + traced_us);
+    replays.new_sizes.add_traced(traced_us);
+  }
   // The trace as its samples and the graphs with size expressions have it: later segments take
   // the forward's inputs too (with_forward_inputs). Compiled trees keep the trace as recorded.
   auto comparable = [&] {
