@@ -72,6 +72,48 @@ TensorSource TensorSource::of(const ir::GraphModule& gm, const Node& n, int64_t*
   return s;
 }
 
+std::vector<SymbolicDim> symbolic_dims(const TensorMeta& m, const std::vector<ir::SizeSymbolDecl>& symbols,
+                                       const std::string& what, std::string* bad) {
+  std::vector<SymbolicDim> dims;
+  for (size_t d = 0; d < m.sizes.size(); ++d) {
+    SymbolicDim dim;
+    dim.value = m.sizes[d];
+    if (m.symbolic() && !m.sym_sizes.at(d).constant()) {
+      const std::optional<std::string> name = m.sym_sizes[d].as_symbol();
+      for (size_t k = 0; name && k < symbols.size(); ++k)
+        if (symbols[k].name == *name) dim.symbol = static_cast<int32_t>(k);
+      if (dim.symbol < 0 && bad->empty()) *bad = what + " has the size " + m.sym_sizes[d].str();
+    }
+    dims.push_back(dim);
+  }
+  return dims;
+}
+
+std::vector<int64_t> sizes_at(c10::ArrayRef<SymbolicDim> dims, c10::ArrayRef<int64_t> symbol_values) {
+  std::vector<int64_t> sizes;
+  sizes.reserve(dims.size());
+  for (const SymbolicDim& d : dims) sizes.push_back(d.at(symbol_values));
+  return sizes;
+}
+
+void read_symbol_values(const std::vector<std::pair<size_t, int64_t>>& bindings, const std::vector<at::Tensor>& inputs,
+                        c10::SmallVector<int64_t, 8>& values) {
+  for (const auto& [input, dim] : bindings) {
+    TORCH_CHECK(input < inputs.size() && inputs[input].defined() && dim < inputs[input].dim(),
+                "fused program: input ", input, " does not have the dimension ", dim, " that gives a size symbol");
+    values.push_back(inputs[input].sizes()[dim]);
+  }
+}
+
+std::string size_expression_argument(const ir::GraphModule& gm) {
+  for (const auto& np : gm.graph().nodes())
+    for (size_t i = 0; i < np->args().size(); ++i)
+      if (np->args()[i].is_size_expression())
+        return "argument " + std::to_string(i) + " of '" + np->name() +
+               "' is a size expression, which one program for every size cannot bake in";
+  return "";
+}
+
 const at::Tensor& TensorSource::resolve(const std::vector<at::Tensor>& inputs, const char* what) const {
   const at::Tensor* t = attr;
   if (input >= 0) {
@@ -86,7 +128,6 @@ const at::Tensor& TensorSource::resolve(const std::vector<at::Tensor>& inputs, c
 }
 
 const at::Tensor& TensorSource::resolve_symbolic(const std::vector<at::Tensor>& inputs, const char* what,
-                                                 c10::ArrayRef<SymbolicDim> dims,
                                                  c10::ArrayRef<int64_t> symbol_values) const {
   const at::Tensor* t = attr;
   if (input >= 0) {
@@ -98,8 +139,7 @@ const at::Tensor& TensorSource::resolve_symbolic(const std::vector<at::Tensor>& 
             static_cast<size_t>(t->dim()) == dims.size();
   for (size_t d = 0; ok && d < dims.size(); ++d) ok = t->sizes()[d] == dims[d].at(symbol_values);
   if (!ok) {
-    std::vector<int64_t> want;
-    for (const SymbolicDim& d : dims) want.push_back(d.at(symbol_values));
+    const std::vector<int64_t> want = sizes_at(dims, symbol_values);
     TORCH_CHECK(false, "fused program: expected ", what, " as a ", dtype, " CPU tensor of sizes ", c10::IntArrayRef(want),
                 " (at this call's size symbols), got ",
                 t->defined() ? t->toString() + " of sizes " + c10::str(t->sizes()) : std::string("an undefined tensor"));
@@ -586,31 +626,12 @@ std::shared_ptr<const FusedProgram> FusedProgram::build(const ir::GraphModule& g
   }
   if (e.code.empty()) return fail("nothing to fuse");
   if (!gm.graph().symbols().empty()) {
-    // The program bakes the operators' scalar arguments in: one that is a size expression (the
-    // `div(%expand, %s0)` of a mean's gradient) differs per size.
-    for (const auto& np : gm.graph().nodes())
-      for (size_t i = 0; i < np->args().size(); ++i)
-        if (np->args()[i].is_size_expression())
-          return fail("argument " + std::to_string(i) + " of '" + np->name() +
-                      "' is a size expression, which one program for every size cannot bake in");
+    // The program bakes the operators' scalar arguments in.
+    if (std::string why = size_expression_argument(gm); !why.empty()) return fail(why);
     // Every size a constant or one symbol, evaluated per call.
     const auto& symbols = gm.graph().symbols();
     std::string bad;
-    auto dims_of = [&](const TensorMeta& m, const std::string& what) {
-      std::vector<SymbolicDim> dims;
-      for (size_t d = 0; d < m.sizes.size(); ++d) {
-        SymbolicDim dim;
-        dim.value = m.sizes[d];
-        if (m.symbolic() && !m.sym_sizes.at(d).constant()) {
-          const std::optional<std::string> name = m.sym_sizes[d].as_symbol();
-          for (size_t k = 0; name && k < symbols.size(); ++k)
-            if (symbols[k].name == *name) dim.symbol = static_cast<int32_t>(k);
-          if (dim.symbol < 0 && bad.empty()) bad = what + " has the size " + m.sym_sizes[d].str();
-        }
-        dims.push_back(dim);
-      }
-      return dims;
-    };
+    auto dims_of = [&](const TensorMeta& m, const std::string& what) { return symbolic_dims(m, symbols, what, &bad); };
     p->symbolic_ = true;
     p->bindings_ = gm.graph().symbol_bindings();
     for (const auto& np : gm.graph().nodes()) {
@@ -625,9 +646,9 @@ std::shared_ptr<const FusedProgram> FusedProgram::build(const ir::GraphModule& g
         p->shape_dims_ = std::move(dims);
       }
     }
-    for (const auto& op : p->operands_)
-      p->operand_dims_.push_back(
-          dims_of(*op.meta, op.source.input >= 0 ? "input " + std::to_string(op.source.input) : "an attribute"));
+    for (auto& op : p->operands_)
+      op.source.dims =
+          dims_of(*op.meta, op.source.input >= 0 ? "input " + std::to_string(op.source.input) : "an attribute");
     if (!bad.empty()) return fail("a size is an expression of the symbols, not one symbol (" + bad + ")");
     if (p->shape_dims_.size() != shape.size()) return fail("no operator result has the iteration shape");
   }
@@ -814,11 +835,7 @@ std::vector<at::Tensor> FusedProgram::run(const std::vector<at::Tensor>& inputs)
   c10::SmallVector<int64_t, 8> call_shape(shape_.begin(), shape_.end());
   int64_t numel = numel_;
   if (symbolic_) {
-    for (const auto& [input, dim] : bindings_) {
-      TORCH_CHECK(input < inputs.size() && inputs[input].defined() && dim < inputs[input].dim(),
-                  "fused program: input ", input, " does not have the dimension ", dim, " that gives a size symbol");
-      symbol_values.push_back(inputs[input].sizes()[dim]);
-    }
+    read_symbol_values(bindings_, inputs, symbol_values);
     numel = 1;
     for (size_t d = 0; d < shape_dims_.size(); ++d) {
       call_shape[d] = shape_dims_[d].at(symbol_values);
@@ -833,7 +850,7 @@ std::vector<at::Tensor> FusedProgram::run(const std::vector<at::Tensor>& inputs)
   for (size_t i = 0; i < operands_.size(); ++i) {
     const at::Tensor* t;
     if (symbolic_) {
-      t = &operands_[i].source.resolve_symbolic(inputs, "an input", operand_dims_[i], symbol_values);
+      t = &operands_[i].source.resolve_symbolic(inputs, "an input", symbol_values);
     } else {
       t = &operands_[i].source.resolve(inputs, "an input");
     }

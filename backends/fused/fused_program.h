@@ -7,6 +7,8 @@
 #include <torchcompile/ir/graph_module.h>
 #include <torchcompile/support/isa.h>
 
+#include <c10/util/SmallVector.h>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,6 +38,21 @@ struct SymbolicDim {
   int64_t at(c10::ArrayRef<int64_t> symbol_values) const { return symbol >= 0 ? symbol_values[symbol] : value; }
 };
 
+/// The sizes of `m` (of a graph whose symbols are `symbols`) as SymbolicDims: each a constant or
+/// one symbol. A size that is another expression of them (`s0*s1`) is kept as its traced value and
+/// sets `*bad`, if empty, to say which (`what` names the tensor).
+std::vector<SymbolicDim> symbolic_dims(const ir::TensorMeta& m, const std::vector<ir::SizeSymbolDecl>& symbols,
+                                       const std::string& what, std::string* bad);
+/// Their values at these values of the symbols.
+std::vector<int64_t> sizes_at(c10::ArrayRef<SymbolicDim> dims, c10::ArrayRef<int64_t> symbol_values);
+/// The values of the symbols in a call: each the size `dim` of input `input` (`bindings`, as
+/// Graph::symbol_bindings gives them); checks the inputs have those dimensions.
+void read_symbol_values(const std::vector<std::pair<size_t, int64_t>>& bindings, const std::vector<at::Tensor>& inputs,
+                        c10::SmallVector<int64_t, 8>& values);
+/// Why a program that bakes in its operators' arguments cannot serve every size of `gm`: an
+/// argument that is a size expression (the `div(%expand, %s0)` of a mean's gradient); or "".
+std::string size_expression_argument(const ir::GraphModule& gm);
+
 /// Where a program reads a tensor from: a placeholder of its graph (by index) or an attribute of
 /// its graph module (read at each call).
 struct TensorSource {
@@ -44,6 +61,8 @@ struct TensorSource {
   std::vector<int64_t> sizes;  // as traced
   c10::ScalarType dtype = c10::ScalarType::Float;
   bool present = false;
+  /// In a program for every size (built from a graph with size symbols): its sizes.
+  std::vector<SymbolicDim> dims;
 
   /// The source of a placeholder (the `*num_placeholders`-th, which it counts) or get_attr node.
   static TensorSource of(const ir::GraphModule& gm, const ir::Node& n, int64_t* num_placeholders);
@@ -51,7 +70,7 @@ struct TensorSource {
   const at::Tensor& resolve(const std::vector<at::Tensor>& inputs, const char* what) const;
   /// The same, the sizes checked against `dims` at these values of the symbols.
   const at::Tensor& resolve_symbolic(const std::vector<at::Tensor>& inputs, const char* what,
-                                     c10::ArrayRef<SymbolicDim> dims, c10::ArrayRef<int64_t> symbol_values) const;
+                                     c10::ArrayRef<int64_t> symbol_values) const;
 };
 
 /// Whether the backend can compute `n` inside a fused group: a call_function of a pointwise
@@ -107,7 +126,6 @@ class FusedProgram {
   bool symbolic_ = false;
   std::vector<std::pair<size_t, int64_t>> bindings_;    // per symbol: (input, dimension) giving its value
   std::vector<SymbolicDim> shape_dims_;                 // the iteration shape
-  std::vector<std::vector<SymbolicDim>> operand_dims_;  // per operand
 
   std::vector<TileInstr> code_;
   int64_t copy_of_ = -1;  // a program that only copies operand copy_of_ into its one output: gathered there directly

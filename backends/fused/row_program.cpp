@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <tuple>
 
 // at::parallel_for is an `omp parallel` region inline in LibTorch's headers: without OpenMP this
 // file's parallel loops would silently run on one thread (CMakeLists.txt adds the flag).
@@ -239,31 +240,38 @@ std::shared_ptr<const RowProgram> RowProgram::build(const ir::GraphModule& gm, s
     }
   }
   if (!op) return fail("nothing to fuse");
-  auto source_of = [&](size_t i) { return sources.at(op->args().at(i).value().node); };
+  // A graph with size symbols: each size a constant or one symbol (else `bad` says which).
+  const auto& symbols = gm.graph().symbols();
+  std::string bad;
+  auto source_of = [&](size_t i, const char* what) {
+    const Node* n = op->args().at(i).value().node;
+    TensorSource source = sources.at(n);
+    if (!symbols.empty()) source.dims = symbolic_dims(n->output_meta().at(0), symbols, what, &bad);
+    return source;
+  };
   p->kind_ = *row_kind(*op);  // row_fusible above
-  p->x_ = source_of(0);
-  for (const TensorMeta& m : op->output_meta()) p->result_sizes_.push_back(m.defined ? m.sizes : std::vector<int64_t>{});
+  p->x_ = source_of(0, "the input");
   if (p->kind_ == Kind::LayerNorm || p->kind_ == Kind::NativeLayerNorm) {
     for (int64_t s : op->args().at(1).constant().toIntVector()) p->cols_ *= s;
-    if (!is_none(*op, 2)) p->weight_ = source_of(2);
-    if (!is_none(*op, 3)) p->bias_ = source_of(3);
+    if (!is_none(*op, 2)) p->weight_ = source_of(2, "the weight");
+    if (!is_none(*op, 3)) p->bias_ = source_of(3, "the bias");
     p->eps_ = static_cast<float>(op->args().at(4).constant().toDouble());
   } else if (p->kind_ == Kind::LayerNormBackward) {
     // x_ is the gradient of the result; y_ the input; mean_, rstd_ the forward's statistics.
     for (int64_t s : op->args().at(2).constant().toIntVector()) p->cols_ *= s;
-    p->y_ = source_of(1);
-    p->mean_src_ = source_of(3);
-    p->rstd_src_ = source_of(4);
-    if (!is_none(*op, 5)) p->weight_ = source_of(5);
+    p->y_ = source_of(1, "the input");
+    p->mean_src_ = source_of(3, "the mean");
+    p->rstd_src_ = source_of(4, "the rstd");
+    if (!is_none(*op, 5)) p->weight_ = source_of(5, "the weight");
     const auto mask = op->args().at(7).constant().toBoolList();
     for (size_t i = 0; i < 3; ++i) p->output_mask_[i] = mask.get(i) && op->output_meta()[i].defined;
     if (p->output_mask_[1] && !p->weight_.present) return fail("a weight gradient without a weight");
   } else if (p->kind_ == Kind::Reduce) {
-    const auto [first, last] = *reduced_block(*op);
+    std::tie(p->first_, p->last_) = *reduced_block(*op);
     const auto& sizes = p->x_.sizes;
     p->outer_ = p->cols_ = p->inner_ = 1;
     for (int64_t d = 0; d < static_cast<int64_t>(sizes.size()); ++d)
-      (d < first ? p->outer_ : d > last ? p->inner_ : p->cols_) *= sizes[d];
+      (d < p->first_ ? p->outer_ : d > p->last_ ? p->inner_ : p->cols_) *= sizes[d];
     const std::string& t = op->target();
     p->reduce_ = t == "aten::amax"   ? ReduceOp::Max
                  : t == "aten::amin" ? ReduceOp::Min
@@ -271,29 +279,67 @@ std::shared_ptr<const RowProgram> RowProgram::build(const ir::GraphModule& gm, s
                                      : ReduceOp::Sum;
     p->mean_ = t == "aten::mean.dim";
     // var / std: ATen divides by max(0, N - correction) (0: inf or NaN, as here).
-    if (is_variance(t))
-      p->divisor_ = std::max(0.0, static_cast<double>(p->cols_) - *variance_correction(*op));
+    if (is_variance(t)) p->correction_ = *variance_correction(*op);
     p->name_ = t.substr(6, t.find('.') == std::string::npos ? std::string::npos : t.find('.') - 6);
-    p->out_sizes_ = op->output_meta()[0].sizes;
   } else {
     p->cols_ = p->x_.sizes.back();
-    if (p->kind_ == Kind::SoftmaxBackward || p->kind_ == Kind::LogSoftmaxBackward) p->y_ = source_of(1);
+    if (p->kind_ == Kind::SoftmaxBackward || p->kind_ == Kind::LogSoftmaxBackward) p->y_ = source_of(1, "the softmax result");
   }
   if (p->cols_ == 0 || p->outer_ * p->inner_ == 0) return fail("it reduces or returns an empty tensor");
+  for (size_t i = 0; i < op->output_meta().size(); ++i) {
+    const TensorMeta& m = op->output_meta()[i];
+    p->result_dims_.push_back(m.defined ? symbolic_dims(m, symbols, "result " + std::to_string(i), &bad)
+                                        : std::vector<SymbolicDim>{});
+  }
+  if (!symbols.empty()) {
+    // One program for every size: its sizes are evaluated at each call. Its scalar arguments (a
+    // layer norm's normalized shape, a reduction's dimensions) are baked in.
+    if (std::string why = size_expression_argument(gm); !why.empty()) return fail(why);
+    if (p->kind_ == Kind::LayerNorm || p->kind_ == Kind::NativeLayerNorm || p->kind_ == Kind::LayerNormBackward) {
+      // Rows of the normalized shape, a constant: the normalized dimensions may not be symbols.
+      const auto& dims = (p->kind_ == Kind::LayerNormBackward ? p->y_ : p->x_).dims;
+      int64_t cols = 1;
+      for (size_t d = dims.size(); d-- > 0 && cols < p->cols_;) {
+        if (dims[d].symbol >= 0) return fail("a normalized dimension is a size symbol");
+        cols *= dims[d].value;
+      }
+    }
+    if (!bad.empty()) return fail("a size is an expression of the symbols, not one symbol (" + bad + ")");
+    p->symbolic_ = true;
+    p->bindings_ = gm.graph().symbol_bindings();
+  }
   p->isa_ = selected_isa();
   p->kernels_ = &kernels_of(p->isa_);
   return p;
 }
 
+const at::Tensor& RowProgram::source(const TensorSource& s, const std::vector<at::Tensor>& inputs, const char* what,
+                                     const CallSizes& call) const {
+  return symbolic_ ? s.resolve_symbolic(inputs, what, call.symbols) : s.resolve(inputs, what);
+}
+
+std::vector<int64_t> RowProgram::result_sizes(size_t i, const CallSizes& call) const {
+  return sizes_at(result_dims_.at(i), call.symbols);
+}
+
 std::vector<at::Tensor> RowProgram::run(const std::vector<at::Tensor>& inputs) const {
-  const at::Tensor x = x_.resolve(inputs, "the input").contiguous();
+  CallSizes call;
+  if (symbolic_) read_symbol_values(bindings_, inputs, call.symbols);
+  const at::Tensor x = source(x_, inputs, "the input", call).contiguous();
+  call.cols = cols_;
+  if (kind_ == Kind::Reduce) {
+    call.cols = 1;
+    for (int64_t d = 0; d < x.dim(); ++d) (d < first_ ? call.outer : d > last_ ? call.inner : call.cols) *= x.size(d);
+  } else if (kind_ != Kind::LayerNorm && kind_ != Kind::NativeLayerNorm && kind_ != Kind::LayerNormBackward) {
+    call.cols = x.size(-1);  // softmax: rows of the last dimension
+  }
   std::vector<at::Tensor> results;
   if (kind_ == Kind::Reduce) {
-    results = {reduce(x)};
+    results = {reduce(x, call)};
   } else if (kind_ == Kind::LayerNormBackward) {
-    results = layer_norm_backward(inputs, x);
+    results = layer_norm_backward(inputs, x, call);
   } else {
-    results = rows(inputs, x);
+    results = rows(inputs, x, call);
   }
   std::vector<at::Tensor> out;
   out.reserve(output_index_.size());
@@ -301,17 +347,18 @@ std::vector<at::Tensor> RowProgram::run(const std::vector<at::Tensor>& inputs) c
   return out;
 }
 
-std::vector<at::Tensor> RowProgram::rows(const std::vector<at::Tensor>& inputs, const at::Tensor& x) const {
+std::vector<at::Tensor> RowProgram::rows(const std::vector<at::Tensor>& inputs, const at::Tensor& x,
+                                         const CallSizes& call) const {
   at::Tensor w, b, y;
-  if (y_.present) y = y_.resolve(inputs, "the softmax result").contiguous();
-  if (weight_.present) w = weight_.resolve(inputs, "the weight").contiguous();
-  if (bias_.present) b = bias_.resolve(inputs, "the bias").contiguous();
+  if (y_.present) y = source(y_, inputs, "the softmax result", call).contiguous();
+  if (weight_.present) w = source(weight_, inputs, "the weight", call).contiguous();
+  if (bias_.present) b = source(bias_, inputs, "the bias", call).contiguous();
   at::Tensor out = at::empty(x.sizes(), x.options());
-  const int64_t cols = cols_, rows = x.numel() / cols;
+  const int64_t cols = call.cols, rows = x.numel() / cols;
   at::Tensor mean, rstd;  // native_layer_norm's second and third results
   if (kind_ == Kind::NativeLayerNorm) {
-    mean = at::empty(result_sizes_.at(1), x.options());
-    rstd = at::empty(result_sizes_.at(2), x.options());
+    mean = at::empty(result_sizes(1, call), x.options());
+    rstd = at::empty(result_sizes(2, call), x.options());
   }
   float* mp = mean.defined() ? mean.data_ptr<float>() : nullptr;
   float* rp = rstd.defined() ? rstd.data_ptr<float>() : nullptr;
@@ -344,13 +391,13 @@ std::vector<at::Tensor> RowProgram::rows(const std::vector<at::Tensor>& inputs, 
 
 // native_layer_norm_backward over blocks of rows in parallel: dx row by row; the weight and bias
 // gradients as one partial sum per block, then the blocks added in order.
-std::vector<at::Tensor> RowProgram::layer_norm_backward(const std::vector<at::Tensor>& inputs,
-                                                        const at::Tensor& grad) const {
-  const at::Tensor x = y_.resolve(inputs, "the input").contiguous();
-  const at::Tensor mean = mean_src_.resolve(inputs, "the mean").contiguous();
-  const at::Tensor rstd = rstd_src_.resolve(inputs, "the rstd").contiguous();
+std::vector<at::Tensor> RowProgram::layer_norm_backward(const std::vector<at::Tensor>& inputs, const at::Tensor& grad,
+                                                        const CallSizes& call) const {
+  const at::Tensor x = source(y_, inputs, "the input", call).contiguous();
+  const at::Tensor mean = source(mean_src_, inputs, "the mean", call).contiguous();
+  const at::Tensor rstd = source(rstd_src_, inputs, "the rstd", call).contiguous();
   at::Tensor w;
-  if (weight_.present) w = weight_.resolve(inputs, "the weight").contiguous();
+  if (weight_.present) w = source(weight_, inputs, "the weight", call).contiguous();
   const int64_t cols = cols_, rows = x.numel() / cols;
   std::vector<at::Tensor> results(3);
   if (output_mask_[0]) results[0] = at::empty(x.sizes(), x.options());
@@ -379,24 +426,24 @@ std::vector<at::Tensor> RowProgram::layer_norm_backward(const std::vector<at::Te
   }
   if (want_params) {
     at::Tensor sums = partial.sum(0);  // (2, cols), blocks added in order
-    if (output_mask_[1]) results[1] = sums[0].reshape(result_sizes_.at(1)).contiguous();
-    if (output_mask_[2]) results[2] = sums[1].reshape(result_sizes_.at(2)).contiguous();
+    if (output_mask_[1]) results[1] = sums[0].reshape(result_sizes(1, call)).contiguous();
+    if (output_mask_[2]) results[2] = sums[1].reshape(result_sizes(2, call)).contiguous();
   }
   return results;
 }
 
 // One task per (outer slice, chunk of at least 256 columns); a full reduction of one long column
 // (outer = inner = 1) is split along the column instead, partial results combined.
-at::Tensor RowProgram::reduce(const at::Tensor& x) const {
-  at::Tensor out = at::empty(out_sizes_, x.options());
+at::Tensor RowProgram::reduce(const at::Tensor& x, const CallSizes& call) const {
+  at::Tensor out = at::empty(result_sizes(0, call), x.options());
   const float* in = x.data_ptr<float>();
   float* o = out.data_ptr<float>();
-  const int64_t red = cols_, inner = inner_, outer = outer_;
+  const int64_t red = call.cols, inner = call.inner, outer = call.outer;
   const auto kernel = kernels_->reduce_block;
   const ReduceOp op = reduce_;
   const float scale = mean_ ? static_cast<float>(red) : 1.f;
   const int64_t total = outer * red * inner;
-  const double divisor = divisor_;
+  const double divisor = std::max(0.0, static_cast<double>(red) - correction_);
   const bool variance = op == ReduceOp::Variance || op == ReduceOp::StdDev;
   if (outer * inner == 1 && total > kRowGrain && !variance) {  // (a variance's partial results do not add)
     const int64_t grain = kRowGrain;
@@ -435,18 +482,20 @@ at::Tensor RowProgram::reduce(const at::Tensor& x) const {
 }
 
 std::string RowProgram::describe() const {
+  const std::string isa = (symbolic_ ? "every size, " : "") + std::string(to_string(isa_));
   if (kind_ == Kind::Reduce)
     return "fused: " + name_ + " (" + std::to_string(outer_) + " x " + std::to_string(cols_) + " x " +
-           std::to_string(inner_) + ", " + to_string(isa_) + ")";
+           std::to_string(inner_) + (symbolic_ ? " as traced" : "") + ", " + isa + ")";
   if (kind_ == Kind::NativeLayerNorm || kind_ == Kind::LayerNormBackward)
     return std::string("fused: ") + (kind_ == Kind::NativeLayerNorm ? "native_layer_norm" : "layer_norm_backward") +
-           " (rows of " + std::to_string(cols_) + ", " + to_string(isa_) + ")";
+           " (rows of " + std::to_string(cols_) + ", " + isa + ")";
   const char* name = kind_ == Kind::Softmax                ? "softmax"
                      : kind_ == Kind::LogSoftmax           ? "log_softmax"
                      : kind_ == Kind::SoftmaxBackward      ? "softmax_backward"
                      : kind_ == Kind::LogSoftmaxBackward   ? "log_softmax_backward"
                                                            : "layer_norm";
-  return std::string("fused: ") + name + " (rows of " + std::to_string(cols_) + ", " + to_string(isa_) + ")";
+  const bool varying = symbolic_ && kind_ != Kind::LayerNorm && x_.dims.back().symbol >= 0;  // softmax over a symbol
+  return std::string("fused: ") + name + " (rows of " + (varying ? "any length" : std::to_string(cols_)) + ", " + isa + ")";
 }
 
 }  // namespace torchcompile::fused

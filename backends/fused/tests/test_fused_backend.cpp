@@ -631,6 +631,53 @@ TEST(FusedBackend, OneProgramServesEverySizeOfAGraphWithSymbols) {
   EXPECT_THROW(compiled(torch::randn({3, 5, 8}), torch::randn({4, 1, 1})), c10::Error);
 }
 
+// Row operations in a graph with size symbols: each is one row program for every size (the rows,
+// a softmax's row length and a reduction's blocks read from the inputs at each call), beside the
+// graph's tile programs. Random sizes of a batch and a sequence, each forward against eager; no new
+// size builds anything (compile_per_shape would log it), and the explain names the programs.
+TEST(FusedBackend, RowProgramsServeEverySizeOfAGraphWithSymbols) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(3);
+  auto w = torch::randn({16}), b = torch::randn({16});
+  using Fn = std::function<torch::Tensor(const torch::Tensor&)>;
+  const std::vector<std::pair<std::string, Fn>> forwards = {
+      {"softmax over a constant", [](const torch::Tensor& x) { return torch::softmax(x * 2, -1) + 1; }},
+      {"softmax over a symbol",
+       [](const torch::Tensor& x) { return torch::softmax(x.matmul(x.transpose(1, 2)) * 0.25, -1) - 0.5; }},
+      {"log_softmax", [](const torch::Tensor& x) { return torch::log_softmax(x.sigmoid(), -1) * 3; }},
+      {"layer_norm", [&](const torch::Tensor& x) { return torch::layer_norm(x + 1, {16}, w, b, 1e-5) * 2; }},
+      {"sum over a symbol", [](const torch::Tensor& x) { return x.exp().sum({1}, true) + x; }},
+      {"mean over a symbol", [](const torch::Tensor& x) { return x.tanh().mean({1}) * 2; }},
+      {"amax", [](const torch::Tensor& x) { return x.abs().amax({-1}) - 1; }},
+      {"var over a symbol", [](const torch::Tensor& x) { return (x * 3).var(std::vector<int64_t>{1}, /*unbiased=*/true, true) + x; }},
+      {"std over two symbols", [](const torch::Tensor& x) { return (x - 1).std(std::vector<int64_t>{0, 1}, /*unbiased=*/false) * 2; }},
+  };
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int64_t> size(2, 40);
+  for (const auto& [name, fn] : forwards) {
+    auto compiled = torch::compile(fn, torchcompile::CompileOptions("fused").with_dynamic(true));
+    torchcompile::logging::set_logs("dynamic");
+    ::testing::internal::CaptureStderr();
+    std::string failure;
+    for (int call = 0; call < 8; ++call) {
+      auto x = torch::randn({size(rng), size(rng), 16});
+      auto got = compiled(x);
+      if (!tensors_close(fn(x), got, kRtol, kAtol) && failure.empty()) failure = c10::str(x.sizes());
+    }
+    const std::string log = ::testing::internal::GetCapturedStderr();
+    torchcompile::logging::reset_logs();
+    EXPECT_TRUE(failure.empty()) << name << " at " << failure;
+    EXPECT_EQ(log.find("compile_per_shape: new sizes"), std::string::npos) << name << "\n" << log;
+    const auto entries = compiled.state().entries();
+    ASSERT_EQ(entries.size(), 1u) << name;
+    EXPECT_TRUE(entries[0]->symbolic_graph()) << name;
+  }
+  // The explain of one names its row program as one for every size.
+  auto e = torchcompile::explain(torchcompile::CompileOptions("fused").with_dynamic(true), forwards[1].second,
+                                 torch::randn({3, 7, 16}));
+  EXPECT_NE(partition_of(e).find("fused: softmax (rows of any length, every size"), std::string::npos) << e;
+}
+
 // A scalar argument computed from a size (`x * x.size(0)` here; the `div(%expand, %s0)` of a
 // mean's gradient in AOT's backward graphs) is a size expression: one program for every size
 // would bake in the example's value, so such a graph gets programs per size.
