@@ -414,7 +414,7 @@ std::vector<at::Tensor> CompiledFunction::trace_new_sizes(const CompiledEntry& e
   // real trace (below) has cost this forward less (NewSizeCosts).
   const bool shapes_possible = replays.general && replays.general_trace.size() == 1 &&
                                autograd_reason(args, entry.input_names_, root_.get()).empty();
-  const bool by_shapes = shapes_possible && replays.new_sizes.use_shapes();
+  const bool by_shapes = shapes_possible && replays.new_sizes.next_by_shapes();
   if (shapes_possible && !by_shapes)
     TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", name_, "): new sizes ", replays.plan.key_str(key),
                      ": checked by a real trace, which computes the call (", replays.new_sizes.str(), ")");

@@ -489,9 +489,18 @@ bool NewSizeCosts::use_shapes() const {
   return shapes_us < 0 || traced_us < 0 || shapes_us <= traced_us;
 }
 
+bool NewSizeCosts::next_by_shapes() {
+  const bool cheaper = use_shapes();
+  retrying = false;
+  if (forced != Forced::No || shapes_us < 0 || traced_us < 0) return cheaper;
+  retrying = ++decided % kRetryEvery == 0;
+  return retrying ? !cheaper : cheaper;
+}
+
 std::string NewSizeCosts::str() const {
   auto us = [](double v) { return v < 0 ? std::string("?") : std::to_string(static_cast<int64_t>(v)) + " us"; };
   return "trace of shapes + compiled call " + us(shapes_us) + ", real trace " + us(traced_us) +
+         (retrying ? "; measuring the dearer way again" : "") +
          (forced == Forced::No ? "" : forced == Forced::Shapes ? "; TORCHCOMPILE_NEW_SIZES=shapes"
                                                                : "; TORCHCOMPILE_NEW_SIZES=trace");
 }

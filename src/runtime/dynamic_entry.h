@@ -313,13 +313,29 @@ struct NewSizeCosts {
   double shapes_us = -1;  ///< trace of shapes + compiled call: running mean (< 0: not measured yet)
   double traced_us = -1;  ///< real trace at a new size: running mean (< 0: not measured yet)
 
+  /// Every kRetryEvery-th new size decided by cost takes the dearer way once, whose cost that
+  /// call then replaces: a cost measured once stays right though it included one-time work (the
+  /// first compiled call of a process: oneDNN generating its kernels, buffers touched first).
+  static constexpr unsigned kRetryEvery = 8;
+  unsigned decided = 0;  ///< new sizes decided by cost
+  bool retrying = false; ///< the last decision took the dearer way
+
   /// TORCHCOMPILE_NEW_SIZES (unset or empty: by cost); throws on another value.
   static Forced forced_from_env();
   /// Check by a trace of shapes: forced, or not measured yet, or no dearer than a real trace.
   bool use_shapes() const;
-  void add_shapes(double us) { shapes_us = shapes_us < 0 ? us : (shapes_us + us) / 2; }
-  void add_traced(double us) { traced_us = traced_us < 0 ? us : (traced_us + us) / 2; }
+  /// The way of the next new size: use_shapes(), but every kRetryEvery-th decision by cost the
+  /// other way.
+  bool next_by_shapes();
+  void add_shapes(double us) { add(shapes_us, us); }
+  void add_traced(double us) { add(traced_us, us); }
   std::string str() const;  ///< for the dynamic log
+
+ private:
+  void add(double& mean, double us) {
+    mean = mean < 0 || retrying ? us : (mean + us) / 2;
+    retrying = false;
+  }
 };
 
 /// A dynamic entry whose graph may depend on its symbols' values (step 4b): one trace tree per

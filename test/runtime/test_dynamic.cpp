@@ -703,7 +703,8 @@ TEST_P(DynamicBackends, SizeExpressionGraphIsCheckedAtEveryNewSize) {
 
 // How a new size is checked (NewSizeCosts): by a trace of shapes until both ways have a cost,
 // then by the cheaper so far (running means, so a way whose cost grows past the other's gives
-// way to it); TORCHCOMPILE_NEW_SIZES forces one and a misspelt value fails at torch::compile.
+// way to it; every kRetryEvery-th new size measures the dearer way again); TORCHCOMPILE_NEW_SIZES
+// forces one and a misspelt value fails at torch::compile.
 TEST(Dynamic, NewSizesAreCheckedTheCheaperWay) {
   tcr::NewSizeCosts costs;
   EXPECT_TRUE(costs.use_shapes());  // nothing measured
@@ -716,6 +717,16 @@ TEST(Dynamic, NewSizesAreCheckedTheCheaperWay) {
   EXPECT_TRUE(costs.use_shapes());  // as cheap again: shapes
   costs.add_shapes(4000);
   EXPECT_FALSE(costs.use_shapes());
+  // Decisions by cost: every kRetryEvery-th takes the dearer way, whose cost that call replaces
+  // (a first measurement that paid one-time work does not decide for good).
+  for (unsigned i = 1; i < tcr::NewSizeCosts::kRetryEvery; ++i) EXPECT_FALSE(costs.next_by_shapes()) << i;
+  EXPECT_TRUE(costs.next_by_shapes());
+  EXPECT_NE(costs.str().find("measuring the dearer way again"), std::string::npos) << costs.str();
+  costs.add_shapes(900);  // shapes' mean was (2000 + 4000) / 2: now this call's cost
+  EXPECT_DOUBLE_EQ(costs.shapes_us, 900);
+  EXPECT_TRUE(costs.next_by_shapes());
+  costs.add_shapes(1100);  // not a retry: the running mean
+  EXPECT_DOUBLE_EQ(costs.shapes_us, 1000);
   costs.forced = tcr::NewSizeCosts::Forced::Shapes;
   EXPECT_TRUE(costs.use_shapes());
   costs.forced = tcr::NewSizeCosts::Forced::Trace;
