@@ -137,7 +137,9 @@ std::string make_symbolic(GraphModule& gm, DynamicPlan& plan, const std::vector<
   support::RngStateGuard keep_rng;  // an op run on zeros may draw numbers
 
   // A symbol the graph's ops reject at another value (alone) is a size they fix: it stays static.
-  {
+  // Declared symbols cannot stay static: the probes below fail for them as this check would (and
+  // running the graph's ops once more costs about as much as tracing it on meta tensors).
+  if (!declared) {
     std::string why;
     const auto pts = probe_points(plan, why);
     if (!pts) return why;
@@ -160,7 +162,6 @@ std::string make_symbolic(GraphModule& gm, DynamicPlan& plan, const std::vector<
                          point[k], " (", support::error_first_line(e), ")");
       }
     }
-    if (any && declared) return "the graph's ops do not accept other values of a size symbol";
     if (any) plan = without_symbols(plan, drop);
     if (plan.empty()) return "no symbol can take other values";
   }
