@@ -493,7 +493,8 @@ bool NewSizeCosts::next_by_shapes() {
   const bool cheaper = use_shapes();
   retrying = false;
   if (forced != Forced::No || shapes_us < 0 || traced_us < 0) return cheaper;
-  retrying = ++decided % kRetryEvery == 0;
+  retrying = ++decided == next_retry;
+  if (retrying) next_retry *= 8;
   return retrying ? !cheaper : cheaper;
 }
 

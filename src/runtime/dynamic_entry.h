@@ -313,19 +313,20 @@ struct NewSizeCosts {
   double shapes_us = -1;  ///< trace of shapes + compiled call: running mean (< 0: not measured yet)
   double traced_us = -1;  ///< real trace at a new size: running mean (< 0: not measured yet)
 
-  /// Every kRetryEvery-th new size decided by cost takes the dearer way once, whose cost that
-  /// call then replaces: a cost measured once stays right though it included one-time work (the
-  /// first compiled call of a process: oneDNN generating its kernels, buffers touched first).
-  static constexpr unsigned kRetryEvery = 8;
-  unsigned decided = 0;  ///< new sizes decided by cost
-  bool retrying = false; ///< the last decision took the dearer way
+  /// The kFirstRetry-th new size decided by cost takes the dearer way once, whose cost that call
+  /// then replaces, and so do the 8x, 64x ... later ones: a cost measured once does not decide
+  /// for good though it included one-time work (the first compiled call of a process: oneDNN
+  /// generating its kernels, buffers touched first), and retries cost little over many sizes.
+  static constexpr unsigned kFirstRetry = 8;
+  unsigned decided = 0;             ///< new sizes decided by cost
+  unsigned next_retry = kFirstRetry;  ///< the decision that retries
+  bool retrying = false;            ///< the last decision took the dearer way
 
   /// TORCHCOMPILE_NEW_SIZES (unset or empty: by cost); throws on another value.
   static Forced forced_from_env();
   /// Check by a trace of shapes: forced, or not measured yet, or no dearer than a real trace.
   bool use_shapes() const;
-  /// The way of the next new size: use_shapes(), but every kRetryEvery-th decision by cost the
-  /// other way.
+  /// The way of the next new size: use_shapes(), but at a retry the other way.
   bool next_by_shapes();
   void add_shapes(double us) { add(shapes_us, us); }
   void add_traced(double us) { add(traced_us, us); }

@@ -225,9 +225,17 @@ Case& bag_default_fresh() {
 // same compiled object generates again (every length seen); "fresh": a new torch::compile per
 // generation, so the time includes every trace and compile (the static first length, the
 // dynamic entry, the graph with size expressions, and a trace of shapes per new length).
-Case make_gpt_case(bool fresh) {
+// `TinyGpt` has 2 layers of 64 features (host code and dispatch dominate its step); the "char"
+// cases use nanoGPT's shakespeare-char configuration (6 layers, 6 heads, 384 features, block 256,
+// vocabulary 65), whose step is GEMM work.
+struct GptConfig {
+  int64_t vocab = 96, block = 64, layers = 2, heads = 4, features = 64;
+};
+constexpr GptConfig kNanoGptChar{65, 256, 6, 6, 384};
+
+Case make_gpt_case(bool fresh, GptConfig cfg = {}) {
   torch::manual_seed(0);
-  tc_test::TinyGpt gpt;
+  tc_test::TinyGpt gpt(cfg.vocab, cfg.block, cfg.layers, cfg.heads, cfg.features);
   gpt->eval();
   auto eager = [gpt](const torch::Tensor& prompt) mutable {
     return tc_test::generate([&](const torch::Tensor& idx) { return gpt->forward(idx); }, prompt, 24);
@@ -238,7 +246,7 @@ Case make_gpt_case(bool fresh) {
     if (fresh) *fast = torch::compile(gpt.ptr(), "default");
     return tc_test::generate([&](const torch::Tensor& idx) { return (*fast)(idx); }, prompt, 24);
   };
-  Case k{eager, compiled, torch::randint(0, 96, {1, 5}), {}};
+  Case k{eager, compiled, torch::randint(0, cfg.vocab, {1, 5}), {}};
   k.check();
   return k;
 }
@@ -248,6 +256,14 @@ Case& gpt_warm() {
 }
 Case& gpt_fresh() {
   static Case c = make_gpt_case(true);
+  return c;
+}
+Case& gpt_char_warm() {
+  static Case c = make_gpt_case(false, kNanoGptChar);
+  return c;
+}
+Case& gpt_char_fresh() {
+  static Case c = make_gpt_case(true, kNanoGptChar);
   return c;
 }
 
@@ -560,6 +576,14 @@ void BM_Gpt_Generate24_Warm_Compiled(benchmark::State& s) { run_compiled(s, gpt_
 void BM_Gpt_Generate24_Fresh_Compiled(benchmark::State& s) { run_compiled(s, gpt_fresh, "GPT generate 24, fresh"); }
 BENCHMARK(BM_Gpt_Generate24_Warm_Compiled)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Gpt_Generate24_Fresh_Compiled)->UseManualTime()->Unit(benchmark::kMillisecond);
+void BM_GptChar_Generate24_Warm_Compiled(benchmark::State& s) {
+  run_compiled(s, gpt_char_warm, "GPT (nanoGPT char config) generate 24, warm");
+}
+void BM_GptChar_Generate24_Fresh_Compiled(benchmark::State& s) {
+  run_compiled(s, gpt_char_fresh, "GPT (nanoGPT char config) generate 24, fresh");
+}
+BENCHMARK(BM_GptChar_Generate24_Warm_Compiled)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GptChar_Generate24_Fresh_Compiled)->UseManualTime()->Unit(benchmark::kMillisecond);
 void BM_NoOp_Eager(benchmark::State& s) { run_eager(s, noop); }
 void BM_NoOp_Compiled(benchmark::State& s) { run_compiled(s, noop, "NoOp module (8,8)"); }
 void BM_M7_Toy_Eager(benchmark::State& s) { run_eager(s, m7); }

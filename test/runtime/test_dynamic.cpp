@@ -703,7 +703,7 @@ TEST_P(DynamicBackends, SizeExpressionGraphIsCheckedAtEveryNewSize) {
 
 // How a new size is checked (NewSizeCosts): by a trace of shapes until both ways have a cost,
 // then by the cheaper so far (running means, so a way whose cost grows past the other's gives
-// way to it; every kRetryEvery-th new size measures the dearer way again); TORCHCOMPILE_NEW_SIZES
+// way to it; the 8th, 64th ... new size measures the dearer way again); TORCHCOMPILE_NEW_SIZES
 // forces one and a misspelt value fails at torch::compile.
 TEST(Dynamic, NewSizesAreCheckedTheCheaperWay) {
   tcr::NewSizeCosts costs;
@@ -717,9 +717,9 @@ TEST(Dynamic, NewSizesAreCheckedTheCheaperWay) {
   EXPECT_TRUE(costs.use_shapes());  // as cheap again: shapes
   costs.add_shapes(4000);
   EXPECT_FALSE(costs.use_shapes());
-  // Decisions by cost: every kRetryEvery-th takes the dearer way, whose cost that call replaces
-  // (a first measurement that paid one-time work does not decide for good).
-  for (unsigned i = 1; i < tcr::NewSizeCosts::kRetryEvery; ++i) EXPECT_FALSE(costs.next_by_shapes()) << i;
+  // Decisions by cost: the 8th, 64th, 512th ... take the dearer way, whose cost that call
+  // replaces (a first measurement that paid one-time work does not decide for good).
+  for (unsigned i = 1; i < tcr::NewSizeCosts::kFirstRetry; ++i) EXPECT_FALSE(costs.next_by_shapes()) << i;
   EXPECT_TRUE(costs.next_by_shapes());
   EXPECT_NE(costs.str().find("measuring the dearer way again"), std::string::npos) << costs.str();
   costs.add_shapes(900);  // shapes' mean was (2000 + 4000) / 2: now this call's cost
@@ -727,6 +727,10 @@ TEST(Dynamic, NewSizesAreCheckedTheCheaperWay) {
   EXPECT_TRUE(costs.next_by_shapes());
   costs.add_shapes(1100);  // not a retry: the running mean
   EXPECT_DOUBLE_EQ(costs.shapes_us, 1000);
+  for (unsigned i = 10; i < 8 * tcr::NewSizeCosts::kFirstRetry; ++i) EXPECT_TRUE(costs.next_by_shapes()) << i;
+  EXPECT_FALSE(costs.next_by_shapes());  // the 64th: the real trace measured again
+  costs.add_traced(700);
+  EXPECT_FALSE(costs.next_by_shapes());
   costs.forced = tcr::NewSizeCosts::Forced::Shapes;
   EXPECT_TRUE(costs.use_shapes());
   costs.forced = tcr::NewSizeCosts::Forced::Trace;
