@@ -295,16 +295,44 @@ std::shared_ptr<const RowProgram> RowProgram::build(const ir::GraphModule& gm, s
     // One program for every size: its sizes are evaluated at each call. Its scalar arguments (a
     // layer norm's normalized shape, a reduction's dimensions) are baked in.
     if (std::string why = size_expression_argument(gm); !why.empty()) return fail(why);
+    if (!bad.empty()) return fail("a size is an expression of the symbols, not one symbol (" + bad + ")");
+    // What row_kind checked at the traced sizes must hold at every size: the kernels read as many
+    // values from each tensor as the input's rows and row length give.
+    auto same = [](const std::vector<SymbolicDim>& a, const std::vector<SymbolicDim>& b) {
+      return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](const SymbolicDim& u, const SymbolicDim& v) {
+               return u.symbol == v.symbol && (u.symbol >= 0 || u.value == v.value);
+             });
+    };
+    // The dimensions other than constant 1s (a row statistic's [s0, 1] has the rows of [s0, 8]).
+    auto squeezed = [](std::vector<SymbolicDim> dims) {
+      dims.erase(std::remove_if(dims.begin(), dims.end(), [](const SymbolicDim& d) { return d.symbol < 0 && d.value == 1; }),
+                 dims.end());
+      return dims;
+    };
+    if ((p->kind_ == Kind::SoftmaxBackward || p->kind_ == Kind::LogSoftmaxBackward || p->kind_ == Kind::LayerNormBackward) &&
+        !same(p->x_.dims, p->y_.dims))
+      return fail("its two inputs' sizes are other expressions of the symbols");
     if (p->kind_ == Kind::LayerNorm || p->kind_ == Kind::NativeLayerNorm || p->kind_ == Kind::LayerNormBackward) {
-      // Rows of the normalized shape, a constant: the normalized dimensions may not be symbols.
+      // Rows of the normalized shape, a constant: the normalized dimensions, and the weight and
+      // bias, may not be symbols.
       const auto& dims = (p->kind_ == Kind::LayerNormBackward ? p->y_ : p->x_).dims;
-      int64_t cols = 1;
-      for (size_t d = dims.size(); d-- > 0 && cols < p->cols_;) {
-        if (dims[d].symbol >= 0) return fail("a normalized dimension is a size symbol");
+      size_t d = dims.size();
+      for (int64_t cols = 1; d > 0 && cols < p->cols_;) {
+        if (dims[--d].symbol >= 0) return fail("a normalized dimension is a size symbol");
         cols *= dims[d].value;
       }
+      for (const TensorSource* s : {&p->weight_, &p->bias_})
+        for (const SymbolicDim& w : s->dims)
+          if (w.symbol >= 0) return fail("the weight or bias has a size symbol");
+      // A row statistic per row: the mean and rstd have the input's leading dimensions.
+      const std::vector<SymbolicDim> rows = squeezed({dims.begin(), dims.begin() + static_cast<std::ptrdiff_t>(d)});
+      const std::vector<std::vector<SymbolicDim>> stats =
+          p->kind_ == Kind::LayerNormBackward ? std::vector<std::vector<SymbolicDim>>{p->mean_src_.dims, p->rstd_src_.dims}
+          : p->kind_ == Kind::NativeLayerNorm ? std::vector<std::vector<SymbolicDim>>{p->result_dims_.at(1), p->result_dims_.at(2)}
+                                              : std::vector<std::vector<SymbolicDim>>{};
+      for (const auto& stat : stats)
+        if (!same(squeezed(stat), rows)) return fail("a row statistic's sizes are not the input's rows");
     }
-    if (!bad.empty()) return fail("a size is an expression of the symbols, not one symbol (" + bad + ")");
     p->symbolic_ = true;
     p->bindings_ = gm.graph().symbol_bindings();
   }

@@ -678,6 +678,31 @@ TEST(FusedBackend, RowProgramsServeEverySizeOfAGraphWithSymbols) {
   EXPECT_NE(partition_of(e).find("fused: softmax (rows of any length, every size"), std::string::npos) << e;
 }
 
+// Training with size symbols: the forward's and backward's row operations (native_layer_norm and
+// its gradient, softmax and its gradient) at random batch sizes give eager's results and
+// gradients.
+TEST(FusedBackend, RowProgramsWithSymbolsTrainLikeEager) {
+  torch::manual_seed(5);
+  auto net = torch::nn::Sequential(torch::nn::Linear(12, 32), torch::nn::LayerNorm(torch::nn::LayerNormOptions({32})),
+                                   torch::nn::Tanh(), torch::nn::Linear(32, 8), torch::nn::Softmax(-1));
+  auto reference = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(net->clone());
+  auto compiled = torch::compile(net.ptr(), torchcompile::CompileOptions("aot_fused").with_dynamic(true));
+  std::mt19937 rng(2);
+  std::uniform_int_distribution<int64_t> batch(2, 30);
+  for (int call = 0; call < 8; ++call) {
+    auto x = torch::randn({batch(rng), 12});
+    reference->zero_grad();
+    net->zero_grad();
+    auto ye = reference->forward(x), yc = compiled(x);
+    ASSERT_TRUE(tensors_close(ye, yc, kRtol, kAtol)) << "batch " << x.size(0);
+    (ye * ye.cos()).sum().backward();
+    (yc * yc.cos()).sum().backward();
+    auto pe = reference->parameters(), pc = net->parameters();
+    for (size_t k = 0; k < pe.size(); ++k)
+      EXPECT_TRUE(tensors_close(pe[k].grad(), pc[k].grad(), kRtol, kAtol)) << "batch " << x.size(0) << ", parameter " << k;
+  }
+}
+
 // A scalar argument computed from a size (`x * x.size(0)` here; the `div(%expand, %s0)` of a
 // mean's gradient in AOT's backward graphs) is a size expression: one program for every size
 // would bake in the example's value, so such a graph gets programs per size.
