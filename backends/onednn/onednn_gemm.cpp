@@ -327,11 +327,9 @@ bool Compiler::emit_linear(Group& g, bool batched) {
         record_sources(*p, {attr_t});
         at::NoGradGuard no_grad;
         at::Tensor w = transposed ? attr_t->t() : *attr_t;
-        // The (K, N) source read in place (a Linear's weight is its transposed view): copying
-        // it to a contiguous one first cost as much as the reorder (and its pages).
-        if (!w.is_non_overlapping_and_dense()) w = w.contiguous();
+        w = w.contiguous();  // a plain (K, N) source
         p->nonfinite = any_above(*scan, w, kNonFiniteAbove);
-        md_t user = plain_md(lsz, w.strides().vec());
+        md_t user = plain_md(lsz, contiguous_strides(lsz));
         p->weight = at::empty({static_cast<int64_t>(packed_md.get_size()) + 64}, at::kByte);
         reorder_now(user, w.data_ptr(), packed_md, p->weight.data_ptr());
         return std::shared_ptr<const Packed>(std::move(p));
