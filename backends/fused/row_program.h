@@ -37,7 +37,7 @@ class RowProgram {
   /// Run on the graph's inputs (placeholders, in order); checks dtypes and sizes.
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) const;
 
-  /// "fused: softmax (rows of 128, avx512)", "fused: softmax (rows of s0, every size, avx512)"
+  /// "fused: softmax (rows of 128, avx512)", "fused: softmax (rows of any length, every size, avx512)"
   std::string describe() const;
 
   /// The row operations (row_fusible tells which one a node is).
