@@ -1456,6 +1456,40 @@ TEST(OneDnnBackend, GemmsWithRunTimeRowsServeEverySizeAsEager) {
   }
 }
 
+// The weights of GEMMs with run-time rows are packed into oneDNN's plain (K, N) layout from every
+// layout a module's weight can have: a Linear's (N, K) weight, contiguous or a transposed view,
+// and a (K, N) parameter multiplied directly, contiguous or a transposed view; with widths whose
+// rows get spaced (N = 128) and not. Called at random sizes, each matches eager.
+TEST(OneDnnBackend, GemmsWithRunTimeRowsPackEveryWeightLayout) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(62);
+  auto m = std::make_shared<FnModule>();
+  auto a = m->register_module("a", torch::nn::Linear(24, 128));
+  auto b = m->register_module("b", torch::nn::Linear(128, 40));
+  b->weight.set_data(torch::randn({128, 40}).t());  // a Linear weight that is a transposed view
+  torch::Tensor kn = m->register_parameter("kn", torch::randn({40, 128}) * 0.1);
+  torch::Tensor kn_t = m->register_parameter("kn_t", (torch::randn({36, 40}) * 0.1).t());  // (40, 36), a view
+  torch::Tensor bias = m->register_parameter("bias", torch::randn({36}));
+  ASSERT_FALSE(b->weight.is_contiguous());
+  ASSERT_FALSE(kn_t.is_contiguous());
+  m->fn = [a, b, kn, kn_t, bias](FnModule&, torch::Tensor x) mutable {
+    torch::Tensor y = b->forward(torch::relu(a->forward(x)));
+    y = torch::tanh(y.matmul(kn));                    // (K, N) weight, rows 128 floats long
+    return torch::addmm(bias, y.mm(kn.t()), kn_t);   // (K, N) weight that is a transposed view
+  };
+  m->eval();
+  std::mt19937 rng(62);
+  for (const char* backend : {"onednn", "default"}) {
+    auto fast = torch::compile(m, torchcompile::CompileOptions(backend).with_dynamic(true));
+    for (int call = 0; call < 6; ++call) {
+      const int64_t rows = call == 0 ? 6 : 1 + static_cast<int64_t>(rng() % 40);
+      torch::Tensor x = torch::randn({rows, 24});
+      auto close = tc_test::tensors_close(m->forward(x), fast(x), kRtol, kAtol);
+      ASSERT_TRUE(close) << backend << ", rows " << rows << ": " << close.message();
+    }
+  }
+}
+
 // Four threads call one program with run-time rows at different sizes at once.
 TEST(OneDnnBackend, GemmsWithRunTimeRowsFourThreadsAtOnce) {
   torch::NoGradGuard no_grad;
