@@ -159,9 +159,40 @@ std::optional<at::Tensor> convolution_on_meta(const c10::OperatorHandle& op, con
   return at::empty(sizes, x.options().device(c10::kMeta));
 }
 
-std::optional<at::Tensor> result_on_meta(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args) {
-  if (auto r = pointwise_on_meta(op, args)) return r;
-  return convolution_on_meta(op, args);
+std::optional<std::vector<at::Tensor>> layer_norm_on_meta(const c10::OperatorHandle& op,
+                                                          const std::vector<c10::IValue>& args) {
+  const bool native = op.schema().name() == "aten::native_layer_norm";  // else `layer_norm`: the first result
+  if (!(native ? args.size() == 5 : op.schema().name() == "aten::layer_norm" && args.size() == 6) || !args[0].isTensor())
+    return std::nullopt;
+  const at::Tensor& x = args[0].toTensor();
+  if (!x.defined() || !x.is_meta() || (x.scalar_type() != at::kFloat && x.scalar_type() != at::kDouble) ||
+      x.numel() == 0 || !args[1].isIntList())
+    return std::nullopt;
+  const std::vector<int64_t> normalized = args[1].toIntVector();
+  const int64_t axis = x.dim() - static_cast<int64_t>(normalized.size());
+  if (normalized.empty() || axis < 0) return std::nullopt;
+  for (size_t i = 0; i < normalized.size(); ++i)
+    if (x.size(axis + static_cast<int64_t>(i)) != normalized[i]) return std::nullopt;  // the op throws
+  for (size_t i : {size_t(2), size_t(3)}) {  // weight, bias: absent, or of the normalized sizes and x's dtype
+    if (args[i].isNone()) continue;
+    if (!args[i].isTensor()) return std::nullopt;
+    const at::Tensor& w = args[i].toTensor();
+    if (!w.defined()) continue;
+    if (!w.is_meta() || w.scalar_type() != x.scalar_type() || w.sizes() != at::IntArrayRef(normalized))
+      return std::nullopt;
+  }
+  std::vector<int64_t> stat(x.sizes().begin(), x.sizes().begin() + axis);
+  stat.resize(static_cast<size_t>(x.dim()), 1);
+  const at::TensorOptions options = x.options().device(c10::kMeta).requires_grad(false);
+  if (!native) return std::vector<at::Tensor>{at::empty(x.sizes(), options)};
+  return std::vector<at::Tensor>{at::empty(x.sizes(), options), at::empty(stat, options), at::empty(stat, options)};
+}
+
+std::optional<std::vector<at::Tensor>> result_on_meta(const c10::OperatorHandle& op,
+                                                      const std::vector<c10::IValue>& args) {
+  if (auto r = pointwise_on_meta(op, args)) return std::vector<at::Tensor>{std::move(*r)};
+  if (auto r = convolution_on_meta(op, args)) return std::vector<at::Tensor>{std::move(*r)};
+  return layer_norm_on_meta(op, args);
 }
 
 std::unordered_map<std::string, std::vector<ir::TensorMeta>> metadata_at(const ir::GraphModule& gm,
@@ -185,7 +216,7 @@ std::unordered_map<std::string, std::vector<ir::TensorMeta>> metadata_at(const i
                        }
                        if (zeros && op) {
                          if (auto r = result_on_meta(n.op(), args)) {
-                           results = {std::move(*r)};
+                           results = std::move(*r);
                            zeros = false;
                            if (!known) note_without_meta_kernel(n.op());
                          }

@@ -192,7 +192,7 @@ struct Tracer::Impl {
       convert(false);
       if (auto r = result_on_meta(op, std::vector<c10::IValue>(stack->begin() + base, stack->end()))) {
         stack->resize(base);
-        stack->push_back(std::move(*r));
+        for (at::Tensor& t : *r) stack->push_back(std::move(t));
       } else {
         convert(true);
         op.callBoxed(stack);  // throws if the arguments are wrong: not a missing meta kernel

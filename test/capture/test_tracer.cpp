@@ -336,6 +336,69 @@ TEST(Capture, ConvolutionResultsOnMetaTensorsAreTheRealOnes) {
   EXPECT_GT(computed, 150);
 }
 
+// layer_norm_on_meta (what shape-only traces give LayerNorm, whose `native_layer_norm` has no
+// meta kernel, instead of running it on zeros of the real sizes): for random inputs (1-4-D, float
+// or double, one to all trailing dimensions normalized, with and without weight and bias) the
+// results of `native_layer_norm` (three) and `layer_norm` (one) have the sizes, strides and dtypes of the real op's on zeros; for a normalized
+// shape or weight that does not fit the input, it gives nullopt (the op decides).
+TEST(Capture, LayerNormResultsOnMetaTensorsAreTheRealOnes) {
+  std::mt19937 rng(72);
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  auto meta = [](const c10::IValue& a) -> c10::IValue {
+    if (!a.isTensor() || !a.toTensor().defined()) return a;
+    const at::Tensor& t = a.toTensor();
+    return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
+  };
+  auto native_op = c10::Dispatcher::singleton().findSchema({"aten::native_layer_norm", ""});
+  auto composite_op = c10::Dispatcher::singleton().findSchema({"aten::layer_norm", ""});
+  ASSERT_TRUE(native_op.has_value() && composite_op.has_value());
+  int computed = 0, declined = 0;
+  for (int round = 0; round < 300; ++round) {
+    const bool native = round % 2 == 0;
+    const c10::OperatorHandle& op = native ? *native_op : *composite_op;
+    const int dims = pick(1, 4);
+    std::vector<int64_t> xs;
+    for (int d = 0; d < dims; ++d) xs.push_back(pick(1, 6));
+    const at::ScalarType dtype = pick(0, 3) == 0 ? at::kDouble : at::kFloat;
+    const int kept = pick(1, dims);
+    std::vector<int64_t> normalized(xs.end() - kept, xs.end());
+    const bool misfit = pick(0, 7) == 0;
+    if (misfit) normalized.back() += 1;
+    const bool affine = pick(0, 1);
+    const at::Tensor x = at::zeros(xs, at::TensorOptions().dtype(dtype));
+    const at::Tensor w = affine ? at::zeros(normalized, x.options()) : at::Tensor();
+    const at::Tensor b = affine && pick(0, 1) ? at::zeros(normalized, x.options()) : at::Tensor();
+    std::vector<c10::IValue> args = {x, normalized, w, b, 1e-5};
+    if (!native) args.push_back(true);  // cudnn_enable
+    std::vector<c10::IValue> on_meta;
+    for (const c10::IValue& a : args) on_meta.push_back(meta(a));
+    const auto got = torchcompile::capture::layer_norm_on_meta(op, on_meta);
+    const std::string what = c10::str(native ? "native_layer_norm " : "layer_norm ", at::IntArrayRef(xs),
+                                      " normalized ", at::IntArrayRef(normalized), " ", dtype, affine ? " affine" : "");
+    if (misfit) {
+      EXPECT_FALSE(got.has_value()) << what;
+      ++declined;
+      continue;
+    }
+    ASSERT_TRUE(got.has_value()) << what;
+    ++computed;
+    torch::jit::Stack stack(args.begin(), args.end());
+    op.callBoxed(&stack);
+    ASSERT_EQ(stack.size(), native ? 3u : 1u);
+    ASSERT_EQ(got->size(), stack.size());
+    for (size_t i = 0; i < stack.size(); ++i) {
+      const at::Tensor& expected = stack[i].toTensor();
+      const at::Tensor& result = (*got)[i];
+      EXPECT_TRUE(result.is_meta()) << what << ", result " << i;
+      EXPECT_EQ(result.sizes(), expected.sizes()) << what << ", result " << i;
+      EXPECT_EQ(result.strides(), expected.strides()) << what << ", result " << i;
+      EXPECT_EQ(result.scalar_type(), expected.scalar_type()) << what << ", result " << i;
+    }
+  }
+  EXPECT_GT(computed, 100);
+  EXPECT_GT(declined, 5);
+}
+
 // PyTorch's fast-path encoder layer (`aten::_transformer_encoder_layer_fwd`, what scripted
 // nn.TransformerEncoderLayer calls in eval mode) is traced as the operators it runs: random
 // layers (post- and pre-norm, relu and gelu, key padding masks, attention masks, none, sizes),
