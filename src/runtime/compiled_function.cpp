@@ -283,7 +283,10 @@ std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, 
     observed = observe_inputs(args, names, candidates, autograd_records);
     if (!observed->unobserved.empty()) replay_reason = "not every size read can be seen: " + observed->unobserved;
   }
+  const auto trace_start = std::chrono::steady_clock::now();
   TracedRun traced = trace_forward(*this, *guards, args, forward, spec, names, observed ? &*observed : nullptr);
+  const double traced_us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - trace_start).count();
   DynamicPlan plan;
   if (!candidates.empty()) {
     const std::string static_reason = traced.failure.empty() ? "" : "the trace failed";
@@ -327,7 +330,9 @@ std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, 
   }
   if (!plan.empty()) guards->make_symbolic(plan);
   std::vector<capture::SegmentRecord> sample;  // see below
-  auto insert = [&](std::unique_ptr<Segment> root, std::string eager_reason) {
+  // `general_trace`: the tree of `root` is the graph with size expressions (as generalized).
+  auto insert = [&](std::unique_ptr<Segment> root, std::string eager_reason,
+                    std::vector<capture::SegmentRecord> general_trace = {}) {
     std::shared_ptr<GuardSet> shared_guards = std::move(guards);
     std::shared_ptr<CompiledEntry> entry;
     if (root && plan.replays_forward()) {
@@ -335,7 +340,14 @@ std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, 
       auto replays = std::make_shared<ForwardReplays>();
       replays->new_sizes.forced = NewSizeCosts::forced_from_env();
       replays->plan = std::move(plan);
-      replays->first = std::make_shared<CompiledEntry>(shared_guards, std::move(root), names, "");
+      auto first = std::make_shared<CompiledEntry>(shared_guards, std::move(root), names, "");
+      if (!general_trace.empty()) {
+        first->general_of_ = replays.get();
+        replays->general = first;
+        replays->general_trace = std::move(general_trace);
+        replays->new_sizes.add_traced(traced_us);  // what a real trace at a new size costs (NewSizeCosts)
+      }
+      replays->first = first;
       replays->trees.insert(replays->plan.traced_key(), replays->first);
       if (!sample.empty()) replays->samples.push_back(TraceSample{std::move(sample), replays->plan.traced_key()});
       entry = std::make_shared<CompiledEntry>(shared_guards, nullptr, names, "");
@@ -357,17 +369,72 @@ std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, 
     insert(nullptr, traced.failure);
     return traced.outputs;
   }
+  // Automatic dynamic: the first entry's trace, while it is static, for a dynamic entry that
+  // runs the forward again (below); dropped once a dynamic entry exists.
+  SizeHistory& history = *size_history_;
+  if (!options_.dynamic.has_value() && plan.empty() && candidates.empty() && !history.first_trace_kept &&
+      traced.failure.empty() && traced.records.size() == 1) {
+    history.first_trace_kept = true;
+    history.first_trace = copy_records(traced.records);
+    for (const at::Tensor& t : args.tensors) {
+      const bool defined = t.defined() && t.layout() == c10::kStrided;
+      history.first_sizes.push_back(defined ? t.sizes().vec() : std::vector<int64_t>{});
+      history.first_strides.push_back(defined ? t.strides().vec() : std::vector<int64_t>{});
+      history.first_dtypes.push_back(defined ? t.scalar_type() : c10::ScalarType::Undefined);
+      history.first_contiguous.push_back(defined && t.is_contiguous());
+    }
+  }
+  // A dynamic entry that runs the forward again at new sizes: this trace and the first entry's
+  // (at other values of the symbols) may already give one graph for every size, as two traces
+  // at new sizes would (trace_new_sizes); its tree is then compiled from that graph.
+  std::vector<capture::SegmentRecord> general_trace;
+  std::optional<DynamicPlan> general_plan;
+  if (plan.replays_forward() && traced.failure.empty() && traced.records.size() == 1) {
+    if (std::optional<SizeKey> first_key = first_trace_key(history, plan, args.tensors)) {
+      std::vector<capture::SegmentRecord> general = copy_records(traced.records, /*with_values=*/true);
+      with_forward_inputs(general, traced.slots, names.size());
+      DynamicPlan generalized = plan;
+      const std::string why = generalize(*general.front().gm, {{&history.first_trace.front().gm->graph(), *first_key}},
+                                         plan.traced_key(), generalized, traced.slots, name_);
+      if (why.empty()) {
+        general_trace = copy_records(general);
+        traced.records = std::move(general);
+        general_plan = std::move(generalized);
+      } else {
+        TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", name_, "): with the first trace (",
+                         plan.key_str(*first_key), ") no graph for every size yet: ", why);
+      }
+    }
+  }
+  if (!plan.empty()) {
+    history.first_trace.clear();
+    history.first_sizes.clear();
+    history.first_strides.clear();
+    history.first_dtypes.clear();
+    history.first_contiguous.clear();
+  }
   // A dynamic entry that runs the forward again at new sizes keeps the graph as traced: with the
   // next sizes' it may become one graph for every size (run_replayed).
-  if (plan.replays_forward()) {
+  if (plan.replays_forward() && !general_plan) {
     sample = copy_records(traced.records);
     with_forward_inputs(sample, traced.slots, names.size());
   }
   std::string failure;
   auto root = compile_chain(traced, 0, spec, backend_, options_.backend, name_, failure);
-  if (!root) {
+  if (root && general_plan)
+    failure = serve_all_sizes(*root, std::move(*general_plan), ir::copy_module(*general_trace.front().gm), "",
+                              [&] { return capture::example_inputs(traced.records.at(0), traced.slots); }, backend_,
+                              options_.backend, name_);
+  if (!root || !failure.empty()) {
     warn_once("backend", failure + "; running eagerly");
     insert(nullptr, failure);
+    return traced.outputs;
+  }
+  if (general_plan) {
+    insert(std::move(root), "", std::move(general_trace));
+    TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", name_,
+                     "): with the first trace, made one graph with size expressions for every size: compiled once ",
+                     "(2 sizes traced)");
     return traced.outputs;
   }
   if (generic) {

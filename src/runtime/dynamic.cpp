@@ -124,6 +124,42 @@ SizeKey DynamicPlan::key_of(const std::vector<at::Tensor>& inputs) const {
   return key;
 }
 
+std::optional<SizeKey> first_trace_key(const SizeHistory& history, const DynamicPlan& plan,
+                                       const std::vector<at::Tensor>& inputs) {
+  if (history.first_trace.empty() || !plan.expression_dims.empty() || history.first_sizes.size() != inputs.size())
+    return std::nullopt;
+  SizeKey key(plan.symbols.size(), -1);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor& t = inputs[i];
+    const std::vector<int64_t>& sizes = history.first_sizes[i];
+    if (!t.defined() || history.first_dtypes[i] == c10::ScalarType::Undefined) {
+      if (t.defined() || history.first_dtypes[i] != c10::ScalarType::Undefined) return std::nullopt;
+      continue;
+    }
+    if (t.scalar_type() != history.first_dtypes[i] || t.layout() != c10::kStrided ||
+        static_cast<size_t>(t.dim()) != sizes.size())
+      return std::nullopt;
+    // Strides as traced: both contiguous (strides then follow the sizes), or the same.
+    if (!(history.first_contiguous[i] && t.is_contiguous()) && t.strides() != c10::IntArrayRef(history.first_strides[i]))
+      return std::nullopt;
+    for (size_t d = 0; d < sizes.size(); ++d) {
+      const int k = plan.symbol_of(static_cast<uint32_t>(i), static_cast<uint32_t>(d));
+      if (k < 0) {
+        if (sizes[d] != t.size(static_cast<int64_t>(d))) return std::nullopt;
+        continue;
+      }
+      const SizeSymbol& s = plan.symbols[static_cast<size_t>(k)];
+      if (sizes[d] < s.min || sizes[d] > s.max) return std::nullopt;
+      if (key[static_cast<size_t>(k)] >= 0 && key[static_cast<size_t>(k)] != sizes[d]) return std::nullopt;
+      key[static_cast<size_t>(k)] = sizes[d];
+    }
+  }
+  for (int64_t v : key)
+    if (v < 0) return std::nullopt;
+  if (key == plan.traced_key()) return std::nullopt;
+  return key;
+}
+
 SizeKey DynamicPlan::traced_key() const {
   SizeKey key;
   for (const SizeSymbol& s : symbols) key.push_back(s.traced);

@@ -120,11 +120,24 @@ struct Candidate {
 };
 
 /// What automatic dynamic remembers of a compiled object's calls: the sizes of the first trace
-/// and the dimensions that changed since.
+/// and the dimensions that changed since; and the first trace itself while it is the static
+/// entry's (one segment, recorded): a dynamic entry that runs the forward again at new sizes
+/// takes it as a trace at a second size (first_trace_key), so its graph with size expressions
+/// is made at the sizes that made it dynamic instead of at the next new ones.
 struct SizeHistory {
   std::vector<std::vector<int64_t>> first;
   std::vector<std::vector<bool>> changed;
+  std::vector<capture::SegmentRecord> first_trace;  ///< empty once used or given up
+  bool first_trace_kept = false;                    ///< (at most once per compiled object)
+  std::vector<std::vector<int64_t>> first_sizes, first_strides;  ///< of the first trace's tensor inputs
+  std::vector<c10::ScalarType> first_dtypes;                     ///< Undefined: an undefined tensor
+  std::vector<bool> first_contiguous;
 };
+
+/// The values of `plan`'s symbols in the first trace of `history`, if it was traced on inputs that
+/// differ from `inputs` only in the sizes of those symbols (each within its range), one at least.
+std::optional<SizeKey> first_trace_key(const SizeHistory& history, const DynamicPlan& plan,
+                                       const std::vector<at::Tensor>& inputs);
 
 /// The candidates of a call to be traced (step 1), updating `history`; logs each decision.
 std::vector<Candidate> dynamic_candidates(const std::optional<bool>& dynamic, const CallArgs& args,

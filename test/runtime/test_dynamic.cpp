@@ -608,8 +608,44 @@ TEST_P(DynamicBackends, GptGenerationCompilesAtMostThreeTimes) {
       auto idx = tokens.slice(1, 0, t);
       ASSERT_TRUE(tensors_close(fast(idx), gpt->forward(idx), 1e-4, 1e-5)) << "length " << t;
     }
+    // Automatic dynamic: the first length's trace and the second's make the graph with size
+    // expressions, compiled at the second length (FirstStaticTraceMakesTheGraphForEverySize).
+    if (automatic) EXPECT_EQ(counter.count(), 2);
     EXPECT_LE(counter.count(), 3);
     EXPECT_TRUE(fast.state().entries().front()->symbolic_graph());
+  }
+}
+
+// Under automatic dynamic, a forward whose host code reads its sizes gets its graph with size
+// expressions at the second size: the first (static) entry's trace and the dynamic entry's first
+// trace are the two traces it is generalized from, so the backend is called twice (the first
+// size, then that graph) and no later size compiles. Where the first trace's inputs differ in
+// more than the symbols' sizes (here its strides: a transposed input), it is no such trace: the
+// graph is made from the next new size's trace, as before (three calls). Every result is eager's.
+TEST_P(DynamicBackends, FirstStaticTraceMakesTheGraphForEverySize) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(29);
+  auto net = std::make_shared<Reads>();
+  net->eval();
+  for (bool first_transposed : {false, true}) {
+    SCOPED_TRACE(first_transposed ? "first input transposed" : "contiguous inputs");
+    CountingBackend counter(GetParam());
+    auto fast = torch::compile(net, torchcompile::CompileOptions(counter.name));
+    torchcompile::logging::set_logs("dynamic");
+    ::testing::internal::CaptureStderr();
+    for (int64_t T : {5, 6, 7, 9, 4, 12}) {
+      torch::Tensor x = torch::randn({3, T, 32});
+      if (T == 5 && first_transposed) x = torch::randn({32, T, 3}).permute({2, 1, 0});
+      ASSERT_TRUE(tensors_close(fast(x), net->forward(x), 1e-4, 1e-5)) << "T " << T;
+    }
+    const std::string log = ::testing::internal::GetCapturedStderr();
+    torchcompile::logging::set_logs("");
+    EXPECT_EQ(counter.count(), first_transposed ? 3 : 2) << log;
+    const auto entry = fast.state().entries().front();
+    EXPECT_TRUE(entry->symbolic_graph());
+    EXPECT_EQ(log.find("with the first trace, made one graph with size expressions") != std::string::npos,
+              !first_transposed)
+        << log;
   }
 }
 
