@@ -1490,6 +1490,46 @@ TEST(OneDnnBackend, GemmsWithRunTimeRowsPackEveryWeightLayout) {
   }
 }
 
+// Packed weights of several MiB: a Linear (static rows, and run-time rows packed by the tiled
+// transpose), a convolution and an LSTM give eager's results, also after their weights change
+// in place (packed again).
+TEST(OneDnnBackend, LargePackedWeightsMatchEager) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(63);
+  torch::nn::Linear fc(1024, 768);                                                       // 3 MiB
+  torch::nn::Conv2d conv(torch::nn::Conv2dOptions(256, 256, 3).padding(1));             // 2.25 MiB
+  torch::nn::LSTM lstm(torch::nn::LSTMOptions(256, 512));                                // 6 MiB
+  auto rnn = std::make_shared<FnModule>();
+  rnn->register_module("lstm", lstm);
+  rnn->fn = [lstm](FnModule&, torch::Tensor x) mutable { return std::get<0>(lstm->forward(x)); };
+  fc->eval();
+  conv->eval();
+  rnn->eval();
+  std::mt19937 rng(63);
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE(round == 0 ? "as made" : "after in-place updates");
+    for (bool dynamic : {false, true}) {
+      auto fast = torch::compile(fc, torchcompile::CompileOptions("onednn").with_dynamic(dynamic));
+      for (int call = 0; call < 4; ++call) {
+        torch::Tensor x = torch::randn({dynamic ? 1 + static_cast<int64_t>(rng() % 40) : 16, 1024});
+        auto close = tc_test::tensors_close(fc->forward(x), fast(x), kRtol, kAtol);
+        ASSERT_TRUE(close) << "Linear, dynamic " << dynamic << ": " << close.message();
+      }
+    }
+    auto fast_conv = torch::compile(conv, torchcompile::CompileOptions("onednn"));
+    torch::Tensor img = torch::randn({1, 256, 6, 6});
+    auto close = tc_test::tensors_close(conv->forward(img), fast_conv(img), 1e-3, 1e-4);
+    ASSERT_TRUE(close) << "Conv2d: " << close.message();
+    auto fast_rnn = torch::compile(rnn, torchcompile::CompileOptions("onednn"));
+    torch::Tensor seq = torch::randn({5, 2, 256});
+    close = tc_test::tensors_close(rnn->forward(seq), fast_rnn(seq), 1e-4, 1e-5);
+    ASSERT_TRUE(close) << "LSTM: " << close.message();
+    for (auto& p : fc->parameters()) p.mul_(-0.5);
+    for (auto& p : conv->parameters()) p.mul_(0.5);
+    for (auto& p : lstm->parameters()) p.mul_(0.75);
+  }
+}
+
 // Four threads call one program with run-time rows at different sizes at once.
 TEST(OneDnnBackend, GemmsWithRunTimeRowsFourThreadsAtOnce) {
   torch::NoGradGuard no_grad;
