@@ -110,7 +110,10 @@ void check_training(std::shared_ptr<M> module, const Recorder& rec, torchcompile
     actual.backward();
     ASSERT_TRUE(same_grads(*reference, *module, rtol, atol)) << "at step " << step;
     for (size_t i = 0; i < xs.size(); ++i)
-      if (xs[i].requires_grad()) EXPECT_TRUE(tensors_close(xs[i].grad(), ys[i].grad(), rtol, atol)) << "input grad " << i;
+      if (xs[i].requires_grad())
+        EXPECT_TRUE(tensors_close(xs[i].grad(), ys[i].grad(), rtol, atol))
+            << "input grad " << i << " at step " << step << " (NaN: eager's " << xs[i].grad().isnan().any().item<bool>()
+            << ", compiled " << ys[i].grad().isnan().any().item<bool>() << ")";
     torch::NoGradGuard no_grad;
     for (auto* m : {static_cast<torch::nn::Module*>(reference.get()), static_cast<torch::nn::Module*>(module.get())}) {
       for (auto& p : m->parameters()) {
