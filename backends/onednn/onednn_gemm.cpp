@@ -115,9 +115,8 @@ bool runs_on_one_thread(int64_t macs) { return macs > 0 && macs <= (int64_t(1) <
 std::string matmul_impl_label(const dnnl::matmul::primitive_desc& pd) {
   std::string label = pd.impl_info_str();
   const md_t w = pd.weights_desc();
-  const dims d = compat::dims_of(w);
-  if (d.size() == 2 && w == md_t(d, dt::f32, dims{d[1] + kWeightRowSpacing, 1}))
-    label += ", weight rows " + std::to_string(d[1] + kWeightRowSpacing) + " apart";
+  const int64_t ld = plain_row_stride(w);
+  if (ld != 0 && ld != compat::dims_of(w)[1]) label += ", weight rows " + std::to_string(ld) + " apart";
   return label;
 }
 
@@ -361,14 +360,13 @@ bool Compiler::emit_linear(Group& g, bool batched) {
         record_sources(*p, {attr_t});
         at::NoGradGuard no_grad;
         at::Tensor w = transposed ? attr_t->t() : *attr_t;
+        p->nonfinite = any_above(*scan, w, kNonFiniteAbove);
         p->weight = at::empty({static_cast<int64_t>(packed_md.get_size()) + 64}, at::kByte);
         if (const int64_t ld = plain_row_stride(packed_md)) {
-          p->nonfinite = any_above(*scan, w, kNonFiniteAbove);
           write_rows(w, static_cast<float*>(p->weight.data_ptr()), ld);
           return std::shared_ptr<const Packed>(std::move(p));
         }
         w = w.contiguous();  // a plain (K, N) source
-        p->nonfinite = any_above(*scan, w, kNonFiniteAbove);
         md_t user = plain_md(lsz, contiguous_strides(lsz));
         reorder_now(user, w.data_ptr(), packed_md, p->weight.data_ptr());
         return std::shared_ptr<const Packed>(std::move(p));

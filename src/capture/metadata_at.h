@@ -39,9 +39,9 @@ std::optional<at::Tensor> convolution_on_meta(const c10::OperatorHandle& op, con
 /// The results of `aten::native_layer_norm` (no meta kernel in LibTorch 1.13) on the meta
 /// tensors in `args`: the normalized input, contiguous, and the mean and reciprocal standard
 /// deviation, one per row, of the input's leading sizes followed by ones, as the CPU kernel lays
-/// them out; of `aten::layer_norm` (what LayerNorm modules call), the first of them. For float and double inputs whose
-/// trailing sizes are the normalized shape and whose weight and bias (if any) have it; nullopt
-/// otherwise (the op decides, or throws).
+/// them out; of `aten::layer_norm` (what LayerNorm modules call), the first of them. For float
+/// and double inputs whose trailing sizes are the normalized shape and whose weight and bias (if
+/// any) have it; nullopt otherwise (the op decides, or throws).
 std::optional<std::vector<at::Tensor>> layer_norm_on_meta(const c10::OperatorHandle& op,
                                                           const std::vector<c10::IValue>& args);
 

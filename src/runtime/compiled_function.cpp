@@ -265,6 +265,34 @@ std::string serve_all_sizes(Segment& root, DynamicPlan plan, std::shared_ptr<Gra
   return "";
 }
 
+namespace {
+
+// The segments with size expressions `general` (`plans`: the plan of each, empty for a segment
+// without symbols) compiled as `traced`'s records, each serving every size (serve_all_sizes).
+// Returns the compiled chain, and in `as_generalized` the graphs as generalized (copies: the
+// compile takes the records' graphs); or null, with why in `failure`.
+std::unique_ptr<Segment> compile_general(TracedRun& traced, std::vector<capture::SegmentRecord> general,
+                                         std::vector<DynamicPlan> plans, const OutputSpec& spec,
+                                         const Backend& backend, const std::string& backend_name,
+                                         const std::string& owner,
+                                         std::vector<capture::SegmentRecord>& as_generalized, std::string& failure) {
+  as_generalized = copy_records(general);
+  traced.records = std::move(general);
+  std::unique_ptr<Segment> root = compile_chain(traced, 0, spec, backend, backend_name, owner, failure);
+  Segment* seg = root.get();
+  for (size_t i = 0; seg && failure.empty() && i < as_generalized.size(); ++i) {
+    if (!plans[i].empty())
+      failure = serve_all_sizes(*seg, std::move(plans[i]), ir::copy_module(*as_generalized[i].gm), "",
+                                [&] { return capture::example_inputs(traced.records.at(i), traced.slots); },
+                                backend, backend_name, owner);
+    seg = seg->branch ? seg->branch->children.front().get() : nullptr;
+  }
+  if (!failure.empty()) root.reset();
+  return root;
+}
+
+}  // namespace
+
 std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, const ForwardFn& forward,
                                                           OutputSpec& spec) {
   auto guards = GuardSet::build(args, root_, options_.input_names);
@@ -373,33 +401,29 @@ std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, 
   // runs the forward again (below); dropped once a dynamic entry exists.
   SizeHistory& history = *size_history_;
   if (!options_.dynamic.has_value() && plan.empty() && candidates.empty() && !history.first_trace_kept &&
-      traced.failure.empty() && traced.records.size() == 1) {
+      traced.records.size() == 1) {
     history.first_trace_kept = true;
     history.first_trace = copy_records(traced.records);
-    for (const at::Tensor& t : args.tensors) {
-      const bool defined = t.defined() && t.layout() == c10::kStrided;
-      history.first_sizes.push_back(defined ? t.sizes().vec() : std::vector<int64_t>{});
-      history.first_strides.push_back(defined ? t.strides().vec() : std::vector<int64_t>{});
-      history.first_dtypes.push_back(defined ? t.scalar_type() : c10::ScalarType::Undefined);
-      history.first_contiguous.push_back(defined && t.is_contiguous());
-    }
+    for (const at::Tensor& t : args.tensors)
+      history.first_inputs.push_back(t.defined() && t.layout() == c10::kStrided
+                                         ? at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta))
+                                         : at::Tensor());
   }
   // A dynamic entry that runs the forward again at new sizes: this trace and the first entry's
   // (at other values of the symbols) may already give one graph for every size, as two traces
   // at new sizes would (trace_new_sizes); its tree is then compiled from that graph.
-  std::vector<capture::SegmentRecord> general_trace;
-  std::optional<DynamicPlan> general_plan;
-  if (plan.replays_forward() && traced.failure.empty() && traced.records.size() == 1) {
+  std::vector<capture::SegmentRecord> general;
+  std::vector<DynamicPlan> general_plans;
+  if (plan.replays_forward() && traced.records.size() == 1) {
     if (std::optional<SizeKey> first_key = first_trace_key(history, plan, args.tensors)) {
-      std::vector<capture::SegmentRecord> general = copy_records(traced.records, /*with_values=*/true);
-      with_forward_inputs(general, traced.slots, names.size());
+      std::vector<capture::SegmentRecord> records = copy_records(traced.records, /*with_values=*/true);
+      with_forward_inputs(records, traced.slots, names.size());
       DynamicPlan generalized = plan;
-      const std::string why = generalize(*general.front().gm, {{&history.first_trace.front().gm->graph(), *first_key}},
+      const std::string why = generalize(*records.front().gm, {{&history.first_trace.front().gm->graph(), *first_key}},
                                          plan.traced_key(), generalized, traced.slots, name_);
       if (why.empty()) {
-        general_trace = copy_records(general);
-        traced.records = std::move(general);
-        general_plan = std::move(generalized);
+        general = std::move(records);
+        general_plans.push_back(std::move(generalized));
       } else {
         TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", name_, "): with the first trace (",
                          plan.key_str(*first_key), ") no graph for every size yet: ", why);
@@ -408,33 +432,35 @@ std::vector<at::Tensor> CompiledFunction::trace_new_entry(const CallArgs& args, 
   }
   if (!plan.empty()) {
     history.first_trace.clear();
-    history.first_sizes.clear();
-    history.first_strides.clear();
-    history.first_dtypes.clear();
-    history.first_contiguous.clear();
+    history.first_inputs.clear();
+  }
+  if (!general.empty()) {
+    std::vector<capture::SegmentRecord> as_generalized;
+    std::string failure;
+    auto root = compile_general(traced, std::move(general), std::move(general_plans), spec, backend_, options_.backend,
+                                name_, as_generalized, failure);
+    if (!root) {
+      warn_once("backend", failure + "; running eagerly");
+      insert(nullptr, failure);
+      return traced.outputs;
+    }
+    insert(std::move(root), "", std::move(as_generalized));
+    TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", name_,
+                     "): with the first trace, made one graph with size expressions for every size: compiled once ",
+                     "(2 sizes traced)");
+    return traced.outputs;
   }
   // A dynamic entry that runs the forward again at new sizes keeps the graph as traced: with the
   // next sizes' it may become one graph for every size (run_replayed).
-  if (plan.replays_forward() && !general_plan) {
+  if (plan.replays_forward()) {
     sample = copy_records(traced.records);
     with_forward_inputs(sample, traced.slots, names.size());
   }
   std::string failure;
   auto root = compile_chain(traced, 0, spec, backend_, options_.backend, name_, failure);
-  if (root && general_plan)
-    failure = serve_all_sizes(*root, std::move(*general_plan), ir::copy_module(*general_trace.front().gm), "",
-                              [&] { return capture::example_inputs(traced.records.at(0), traced.slots); }, backend_,
-                              options_.backend, name_);
-  if (!root || !failure.empty()) {
+  if (!root) {
     warn_once("backend", failure + "; running eagerly");
     insert(nullptr, failure);
-    return traced.outputs;
-  }
-  if (general_plan) {
-    insert(std::move(root), "", std::move(general_trace));
-    TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", name_,
-                     "): with the first trace, made one graph with size expressions for every size: compiled once ",
-                     "(2 sizes traced)");
     return traced.outputs;
   }
   if (generic) {
@@ -611,18 +637,10 @@ std::vector<at::Tensor> CompiledFunction::trace_new_sizes(const CompiledEntry& e
   std::unique_ptr<Segment> root;
   if (!general.empty()) {
     // Each segment compiled from its graph with size expressions, served at every size.
-    std::vector<capture::SegmentRecord> as_generalized = copy_records(general);
-    traced.records = std::move(general);
-    root = compile_chain(traced, 0, spec, backend_, options_.backend, name_, failure);
-    Segment* seg = root.get();
-    for (size_t i = 0; seg && failure.empty() && i < as_generalized.size(); ++i) {
-      if (!general_plans[i].empty())
-        failure = serve_all_sizes(*seg, std::move(general_plans[i]), ir::copy_module(*as_generalized[i].gm), "",
-                                  [&] { return capture::example_inputs(traced.records.at(i), traced.slots); },
-                                  backend_, options_.backend, name_);
-      seg = seg->branch ? seg->branch->children.front().get() : nullptr;
-    }
-    if (root && failure.empty()) {
+    std::vector<capture::SegmentRecord> as_generalized;
+    root = compile_general(traced, std::move(general), std::move(general_plans), spec, backend_, options_.backend,
+                           name_, as_generalized, failure);
+    if (root) {
       auto tree = std::make_shared<CompiledEntry>(entry.guards_, std::move(root), entry.input_names_, "");
       tree->general_of_ = &replays;
       replays.general = tree;

@@ -126,32 +126,28 @@ SizeKey DynamicPlan::key_of(const std::vector<at::Tensor>& inputs) const {
 
 std::optional<SizeKey> first_trace_key(const SizeHistory& history, const DynamicPlan& plan,
                                        const std::vector<at::Tensor>& inputs) {
-  if (history.first_trace.empty() || !plan.expression_dims.empty() || history.first_sizes.size() != inputs.size())
+  if (history.first_trace.empty() || !plan.expression_dims.empty() || history.first_inputs.size() != inputs.size())
     return std::nullopt;
   SizeKey key(plan.symbols.size(), -1);
   for (size_t i = 0; i < inputs.size(); ++i) {
-    const at::Tensor& t = inputs[i];
-    const std::vector<int64_t>& sizes = history.first_sizes[i];
-    if (!t.defined() || history.first_dtypes[i] == c10::ScalarType::Undefined) {
-      if (t.defined() || history.first_dtypes[i] != c10::ScalarType::Undefined) return std::nullopt;
-      continue;
-    }
-    if (t.scalar_type() != history.first_dtypes[i] || t.layout() != c10::kStrided ||
-        static_cast<size_t>(t.dim()) != sizes.size())
-      return std::nullopt;
+    const at::Tensor &t = inputs[i], &first = history.first_inputs[i];
+    if (t.defined() && t.layout() != c10::kStrided) return std::nullopt;
+    if (t.defined() != first.defined()) return std::nullopt;
+    if (!t.defined()) continue;
+    if (t.scalar_type() != first.scalar_type() || t.dim() != first.dim()) return std::nullopt;
     // Strides as traced: both contiguous (strides then follow the sizes), or the same.
-    if (!(history.first_contiguous[i] && t.is_contiguous()) && t.strides() != c10::IntArrayRef(history.first_strides[i]))
-      return std::nullopt;
-    for (size_t d = 0; d < sizes.size(); ++d) {
+    if (!(first.is_contiguous() && t.is_contiguous()) && t.strides() != first.strides()) return std::nullopt;
+    for (int64_t d = 0; d < t.dim(); ++d) {
       const int k = plan.symbol_of(static_cast<uint32_t>(i), static_cast<uint32_t>(d));
+      const int64_t size = first.size(d);
       if (k < 0) {
-        if (sizes[d] != t.size(static_cast<int64_t>(d))) return std::nullopt;
+        if (size != t.size(d)) return std::nullopt;
         continue;
       }
       const SizeSymbol& s = plan.symbols[static_cast<size_t>(k)];
-      if (sizes[d] < s.min || sizes[d] > s.max) return std::nullopt;
-      if (key[static_cast<size_t>(k)] >= 0 && key[static_cast<size_t>(k)] != sizes[d]) return std::nullopt;
-      key[static_cast<size_t>(k)] = sizes[d];
+      int64_t& value = key[static_cast<size_t>(k)];
+      if (size < s.min || size > s.max || (value >= 0 && value != size)) return std::nullopt;
+      value = size;
     }
   }
   for (int64_t v : key)

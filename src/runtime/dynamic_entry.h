@@ -129,9 +129,9 @@ struct SizeHistory {
   std::vector<std::vector<bool>> changed;
   std::vector<capture::SegmentRecord> first_trace;  ///< empty once used or given up
   bool first_trace_kept = false;                    ///< (at most once per compiled object)
-  std::vector<std::vector<int64_t>> first_sizes, first_strides;  ///< of the first trace's tensor inputs
-  std::vector<c10::ScalarType> first_dtypes;                     ///< Undefined: an undefined tensor
-  std::vector<bool> first_contiguous;
+  /// Meta stand-ins of the first trace's tensor inputs (sizes, strides, dtype; undefined where
+  /// the input was undefined or not strided).
+  std::vector<at::Tensor> first_inputs;
 };
 
 /// The values of `plan`'s symbols in the first trace of `history`, if it was traced on inputs that
