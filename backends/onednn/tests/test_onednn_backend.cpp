@@ -1744,6 +1744,46 @@ TEST(OneDnnBackend, PlainWeightRowsAreSpacedOffMultiplesOf512Bytes) {
   std::cout << "[ info ] " << spaced_seen << " of 12 Linear weights spaced (last kernel: " << kernel << ")\n";
 }
 
+// A static GEMM of at most 32 rows reads its prepacked weight in the layout the same weight's GEMM
+// with run-time rows reads (oneDNN's plain layout, rows spaced, for `gemm:jit`), where oneDNN
+// takes it, so the programs of a module's first sizes and of every size share one pack: the
+// static and the run-time-rows programs of a Linear report the same kernel and layout at 1-32 rows
+// for N a multiple of 128; at 33 and more rows (or N = 100, whose plain layout oneDNN gives to
+// brgemm) a CPU with brgemm keeps it for the static GEMM. Results as eager's.
+TEST(OneDnnBackend, FewRowGemmsReadTheLayoutOfRunTimeRows) {
+  torch::NoGradGuard no_grad;
+  Recorder rows_r;
+  auto rows_backend = [e = rows_r.entries](torchcompile::GraphModule& gm, const std::vector<at::Tensor>& inputs) {
+    od::Compiled c = od::compile_rows(gm, inputs);
+    e->push_back({c.fused, c.blocked_values, c.winograd_convs, !c.fn, c.reason, c.scan_isa, c.impls});
+    return c.fn;
+  };
+  for (int64_t out : {384, 1152, 100}) {
+    torch::manual_seed(out);
+    auto m = linear_then([](torch::Tensor h) { return torch::gelu(h); }, 96, out);
+    m->eval();
+    auto rows_fast = torch::compile(m, torchcompile::CompileOptions(rows_backend).with_fullgraph());
+    const torch::Tensor probe = torch::randn({7, 96});
+    EXPECT_TRUE(tc_test::tensors_close(m->forward(probe), rows_fast(probe), kRtol, kAtol));
+    ASSERT_EQ(rows_r.entries->size(), 1u);
+    ASSERT_EQ(rows_r.entries->at(0).impls.size(), 1u);
+    const std::string rows_impl = rows_r.entries->at(0).impls[0];
+    rows_r.entries->clear();
+    bool host_has_brgemm = false;
+    for (int64_t rows : {64, 33, 32, 17, 5, 1}) {
+      SCOPED_TRACE("N = " + std::to_string(out) + ", " + std::to_string(rows) + " rows");
+      Recorder r;
+      expect_matches_eager(m, [rows] { return torch::randn({rows, 96}); }, r);
+      ASSERT_EQ(r.entries->size(), 1u);
+      ASSERT_EQ(r.entries->at(0).impls.size(), 1u);
+      const std::string impl = r.entries->at(0).impls[0];
+      if (rows == 64) host_has_brgemm = impl.rfind("brg", 0) == 0;
+      const bool shared = !host_has_brgemm || (rows <= 32 && out % 128 == 0);
+      EXPECT_EQ(impl == rows_impl, shared) << "static: " << impl << ", run-time rows: " << rows_impl;
+    }
+  }
+}
+
 // oneDNN runs every matmul in an OpenMP region of every thread, which costs a small GEMM more than
 // its arithmetic: GEMMs of at most 2^19 multiply-adds are created and run at one thread
 // (runs_on_one_thread; OpenBLAS runs up to 2^18 so). A Linear with tanh keeps one thread busy on
