@@ -235,6 +235,10 @@ std::shared_ptr<Program> Compiler::build(const ScanKernels& scan) {
   scan_ = &scan;
   prog_ = std::make_shared<Program>();
   prog_->buffer_sizes.push_back(0);  // scratchpad
+  gemm_weight_bytes_ = 0;
+  for (const auto& g : groups_)
+    if (g->kind == GroupKind::Linear && g->weight_attr && g->w_sizes.size() == 2)
+      gemm_weight_bytes_ += 4 * g->w_sizes[0] * g->w_sizes[1];
   for (Node* n : order_) {
     switch (n->kind()) {
       case NodeKind::Placeholder: {

@@ -195,11 +195,13 @@ std::optional<std::vector<at::Tensor>> result_on_meta(const c10::OperatorHandle&
   return layer_norm_on_meta(op, args);
 }
 
-std::unordered_map<std::string, std::vector<ir::TensorMeta>> metadata_at(const ir::GraphModule& gm,
-                                                                       const std::vector<ir::TensorMeta>& inputs) {
+std::vector<std::unordered_map<std::string, std::vector<ir::TensorMeta>>> metadata_at_points(
+    const ir::GraphModule& gm, const std::vector<std::vector<ir::TensorMeta>>& points) {
+  std::vector<std::unordered_map<std::string, std::vector<ir::TensorMeta>>> all(points.size());
+  if (points.empty()) return all;
   auto copy = ir::copy_module(gm);
   for (const auto& [name, attr] : gm.attributes()) copy->set_attribute(name, on_meta(attr.first), attr.second);
-  std::unordered_map<std::string, std::vector<ir::TensorMeta>> out;
+  std::unordered_map<std::string, std::vector<ir::TensorMeta>>* out = nullptr;  // this point's
   ir::Interpreter interp(*copy);
   interp.override_if([](const ir::Node&) { return true; },
                      [&out](const ir::Node& n, const std::vector<c10::IValue>& args) {
@@ -229,16 +231,24 @@ std::unordered_map<std::string, std::vector<ir::TensorMeta>> metadata_at(const i
                          if (op && !known) note_without_meta_kernel(n.op());
                          for (at::Tensor& t : results) t = on_meta(t);
                        }
-                       std::vector<ir::TensorMeta>& metas = out[n.name()];
+                       std::vector<ir::TensorMeta>& metas = (*out)[n.name()];
                        for (const at::Tensor& t : results) metas.push_back(ir::TensorMeta::of(t));
                        return results;
                      });
-  std::vector<at::Tensor> args;
-  for (const ir::TensorMeta& m : inputs)
-    args.push_back(m.defined ? at::empty_strided(m.sizes, m.strides, at::TensorOptions().dtype(m.dtype).device(c10::kMeta))
-                             : at::Tensor());
-  interp.run(std::move(args));
-  return out;
+  for (size_t p = 0; p < points.size(); ++p) {
+    std::vector<at::Tensor> args;
+    for (const ir::TensorMeta& m : points[p])
+      args.push_back(m.defined ? at::empty_strided(m.sizes, m.strides, at::TensorOptions().dtype(m.dtype).device(c10::kMeta))
+                               : at::Tensor());
+    out = &all[p];
+    interp.run(std::move(args));
+  }
+  return all;
+}
+
+std::unordered_map<std::string, std::vector<ir::TensorMeta>> metadata_at(const ir::GraphModule& gm,
+                                                                       const std::vector<ir::TensorMeta>& inputs) {
+  return std::move(metadata_at_points(gm, {inputs}).front());
 }
 
 }  // namespace torchcompile::capture

@@ -22,6 +22,11 @@ namespace torchcompile::capture {
 std::unordered_map<std::string, std::vector<ir::TensorMeta>> metadata_at(const ir::GraphModule& gm,
                                                                        const std::vector<ir::TensorMeta>& inputs);
 
+/// metadata_at at several input metadata, one result per entry of `points` (in order): the graph
+/// is copied and prepared for meta tensors once.
+std::vector<std::unordered_map<std::string, std::vector<ir::TensorMeta>>> metadata_at_points(
+    const ir::GraphModule& gm, const std::vector<std::vector<ir::TensorMeta>>& points);
+
 /// The result of a pointwise operator without a meta kernel (`relu` in LibTorch 1.13) on the
 /// meta tensors in `args`, as a meta tensor: its dtype from a call on one-element zeros, its
 /// sizes the arguments' broadcast and its strides as TensorIterator lays out the kernel's result.

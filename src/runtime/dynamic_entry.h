@@ -163,8 +163,11 @@ DynamicPlan plan_symbols(const std::vector<Candidate>& candidates, uint64_t read
 /// features of an MLP's input under dynamic = true) is dropped from `plan`: its dimensions stay
 /// static (logged). Returns an empty string, or why the graph could not be given symbols (then
 /// `gm` is unchanged).
+/// `known`: graphs of the same forward traced at other values of the plan's symbols (their
+/// values, in the plan's order), whose metadata may stand for one run of the ops at those sizes.
 std::string make_symbolic(GraphModule& gm, DynamicPlan& plan, const std::vector<at::Tensor>& inputs,
-                          const std::string& owner);
+                          const std::string& owner,
+                          const std::vector<std::pair<const ir::Graph*, std::vector<int64_t>>>& known = {});
 
 /// Step 4b made general: `gm` is the forward traced at sizes `key` (one segment), `samples` the
 /// same forward traced at other sizes. If every sample records the same nodes with the same

@@ -125,7 +125,7 @@ DynamicPlan without_symbols(const DynamicPlan& plan, const std::vector<bool>& dr
 }  // namespace
 
 std::string make_symbolic(GraphModule& gm, DynamicPlan& plan, const std::vector<at::Tensor>& inputs,
-                          const std::string& owner) {
+                          const std::string& owner, const std::vector<std::pair<const ir::Graph*, Point>>& known) {
   ir::Graph& g = gm.graph();
   if (plan.empty() || plan.replays_forward()) return "the entry replays the forward";
   // A graph with size expressions (generalize) has its symbols declared already: they cannot be
@@ -167,12 +167,48 @@ std::string make_symbolic(GraphModule& gm, DynamicPlan& plan, const std::vector<
   }
 
   std::string why;
-  const auto pts = probe_points(plan, why);
+  auto pts = probe_points(plan, why);
   if (!pts) return why;
   std::vector<std::unordered_map<std::string, std::vector<TensorMeta>>> seen(pts->size());
+  // A graph of the same forward traced at another value of a single symbol (generalize's sample)
+  // is the ops run at that value: its metadata stands for one probe point, whose run is saved.
+  // Where its nodes are not this graph's by name, or the fit fails with it, the probe points run.
+  size_t from_known = 0;  // the probe point a known graph gives, or 0
+  if (plan.symbols.size() == 1) {
+    for (const auto& [graph, q] : known) {
+      if (from_known || q.size() != 1 || q == (*pts)[0] || q[0] < std::max<int64_t>(2, plan.symbols[0].min) ||
+          q[0] > plan.symbols[0].max)
+        continue;
+      std::unordered_map<std::string, std::vector<TensorMeta>> metas;
+      for (const auto& n : graph->nodes())
+        if (n->kind() != ir::NodeKind::Placeholder && n->kind() != ir::NodeKind::Output)
+          metas.emplace(n->name(), n->output_meta());
+      bool all = true;
+      for (const auto& n : g.nodes()) {
+        if (n->kind() == ir::NodeKind::Placeholder || n->kind() == ir::NodeKind::Output ||
+            n->kind() == ir::NodeKind::GetAttr || n->num_outputs() == 0)
+          continue;
+        auto it = metas.find(n->name());
+        all = all && it != metas.end() && it->second.size() == n->output_meta().size();
+      }
+      if (!all) continue;
+      size_t slot = 1;
+      for (size_t p = 1; p < pts->size(); ++p)
+        if ((*pts)[p] == q) slot = p;
+      (*pts)[slot] = q;
+      seen[slot] = std::move(metas);
+      from_known = slot;
+    }
+  }
   try {
-    for (size_t p = 1; p < pts->size(); ++p) seen[p] = capture::metadata_at(gm, input_metas_at(plan, inputs, (*pts)[p]));
+    std::vector<std::vector<TensorMeta>> run_at;
+    for (size_t p = 1; p < pts->size(); ++p)
+      if (p != from_known) run_at.push_back(input_metas_at(plan, inputs, (*pts)[p]));
+    std::vector<std::unordered_map<std::string, std::vector<TensorMeta>>> ran = capture::metadata_at_points(gm, run_at);
+    for (size_t p = 1, r = 0; p < pts->size(); ++p)
+      if (p != from_known) seen[p] = std::move(ran[r++]);
   } catch (const std::exception& e) {
+    if (from_known) return make_symbolic(gm, plan, inputs, owner);
     return "running the graph's ops at other sizes failed: " + support::error_first_line(e);
   }
 
@@ -201,7 +237,7 @@ std::string make_symbolic(GraphModule& gm, DynamicPlan& plan, const std::vector<
     for (size_t p = 0; p < pts->size(); ++p) s += (p ? ", " : "") + plan.key_str(SizeKey((*pts)[p].begin(), (*pts)[p].end()));
     return s;
   });
-  if (!unfit.empty()) return unfit;
+  if (!unfit.empty()) return from_known ? make_symbolic(gm, plan, inputs, owner) : unfit;
   if (!declared)
     for (const SizeSymbol& s : plan.symbols) g.add_symbol(ir::SizeSymbolDecl{s.name, s.traced, s.min, s.max});
   try {
@@ -272,7 +308,13 @@ std::string generalize(GraphModule& gm, const std::vector<std::pair<const ir::Gr
     }
     ++input;
   }
-  std::string why = make_symbolic(gm, reduced, inputs, owner);
+  std::vector<std::pair<const ir::Graph*, Point>> known;
+  for (const auto& [graph, k] : samples) {
+    Point q;
+    for (size_t i : kept) q.push_back(k[i]);
+    known.emplace_back(graph, std::move(q));
+  }
+  std::string why = make_symbolic(gm, reduced, inputs, owner, known);
   if (!why.empty()) return why;
   TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "torch::compile(", owner, "): the traces at ", pts.size(),
                    " sizes differ only in integers that are expressions of the sizes: ", fitted,

@@ -1744,13 +1744,14 @@ TEST(OneDnnBackend, PlainWeightRowsAreSpacedOffMultiplesOf512Bytes) {
   std::cout << "[ info ] " << spaced_seen << " of 12 Linear weights spaced (last kernel: " << kernel << ")\n";
 }
 
-// A static GEMM of at most 32 rows reads its prepacked weight in the layout the same weight's GEMM
-// with run-time rows reads (oneDNN's plain layout, rows spaced, for `gemm:jit`), where oneDNN
-// takes it, so the programs of a module's first sizes and of every size share one pack: the
-// static and the run-time-rows programs of a Linear report the same kernel and layout at 1-32 rows
-// for N a multiple of 128; at 33 and more rows (or N = 100, whose plain layout oneDNN gives to
-// brgemm) a CPU with brgemm keeps it for the static GEMM. Results as eager's.
-TEST(OneDnnBackend, FewRowGemmsReadTheLayoutOfRunTimeRows) {
+// A static GEMM of at most 32 rows in a program whose GEMM weights exceed 32 MiB (read from memory
+// at every call) reads its prepacked weight in the layout the same weight's GEMM with run-time
+// rows reads (oneDNN's plain layout, rows spaced, for `gemm:jit`), where oneDNN takes it, so the
+// programs of a module's first sizes and of every size share one pack: the static and the
+// run-time-rows programs report the same kernel and layout at 1-32 rows for N a multiple of 128.
+// At 33 and more rows, for N = 100 (whose plain layout oneDNN gives to brgemm), and in a program
+// of small weights, a CPU with brgemm keeps it for the static GEMMs. Results as eager's.
+TEST(OneDnnBackend, FewRowGemmsOfLargeProgramsReadTheLayoutOfRunTimeRows) {
   torch::NoGradGuard no_grad;
   Recorder rows_r;
   auto rows_backend = [e = rows_r.entries](torchcompile::GraphModule& gm, const std::vector<at::Tensor>& inputs) {
@@ -1758,28 +1759,39 @@ TEST(OneDnnBackend, FewRowGemmsReadTheLayoutOfRunTimeRows) {
     e->push_back({c.fused, c.blocked_values, c.winograd_convs, !c.fn, c.reason, c.scan_isa, c.impls});
     return c.fn;
   };
-  for (int64_t out : {384, 1152, 100}) {
-    torch::manual_seed(out);
-    auto m = linear_then([](torch::Tensor h) { return torch::gelu(h); }, 96, out);
+  struct Case {
+    int64_t in, hidden, out;
+    bool large;
+  };
+  for (const Case& k : {Case{3072, 3072, 100, true}, Case{96, 384, 1152, false}}) {
+    torch::manual_seed(k.in);
+    auto m = std::make_shared<FnModule>();
+    auto a = m->register_module("a", torch::nn::Linear(k.in, k.hidden));
+    auto b = m->register_module("b", torch::nn::Linear(k.hidden, k.out));
+    m->fn = [a, b](FnModule&, torch::Tensor x) { return b->forward(torch::gelu(a->forward(x))); };
     m->eval();
+    rows_r.entries->clear();
     auto rows_fast = torch::compile(m, torchcompile::CompileOptions(rows_backend).with_fullgraph());
-    const torch::Tensor probe = torch::randn({7, 96});
+    const torch::Tensor probe = torch::randn({7, k.in});
     EXPECT_TRUE(tc_test::tensors_close(m->forward(probe), rows_fast(probe), kRtol, kAtol));
     ASSERT_EQ(rows_r.entries->size(), 1u);
-    ASSERT_EQ(rows_r.entries->at(0).impls.size(), 1u);
-    const std::string rows_impl = rows_r.entries->at(0).impls[0];
-    rows_r.entries->clear();
+    const std::vector<std::string> rows_impls = rows_r.entries->at(0).impls;
+    ASSERT_EQ(rows_impls.size(), 2u);
     bool host_has_brgemm = false;
     for (int64_t rows : {64, 33, 32, 17, 5, 1}) {
-      SCOPED_TRACE("N = " + std::to_string(out) + ", " + std::to_string(rows) + " rows");
+      SCOPED_TRACE(std::to_string(k.in) + " -> " + std::to_string(k.hidden) + " -> " + std::to_string(k.out) + ", " +
+                   std::to_string(rows) + " rows");
       Recorder r;
-      expect_matches_eager(m, [rows] { return torch::randn({rows, 96}); }, r);
+      expect_matches_eager(m, [&] { return torch::randn({rows, k.in}); }, r, 2, 1e-3, 1e-4);
       ASSERT_EQ(r.entries->size(), 1u);
-      ASSERT_EQ(r.entries->at(0).impls.size(), 1u);
-      const std::string impl = r.entries->at(0).impls[0];
-      if (rows == 64) host_has_brgemm = impl.rfind("brg", 0) == 0;
-      const bool shared = !host_has_brgemm || (rows <= 32 && out % 128 == 0);
-      EXPECT_EQ(impl == rows_impl, shared) << "static: " << impl << ", run-time rows: " << rows_impl;
+      ASSERT_EQ(r.entries->at(0).impls.size(), 2u);
+      if (rows == 64) host_has_brgemm = r.entries->at(0).impls[0].rfind("brg", 0) == 0;
+      for (size_t i = 0; i < 2; ++i) {
+        const int64_t n = i == 0 ? k.hidden : k.out;
+        const bool shared = !host_has_brgemm || (k.large && rows <= 32 && n % 128 == 0);
+        EXPECT_EQ(r.entries->at(0).impls[i] == rows_impls[i], shared)
+            << "GEMM " << i << " static: " << r.entries->at(0).impls[i] << ", run-time rows: " << rows_impls[i];
+      }
     }
   }
 }
