@@ -6,6 +6,8 @@
 // the compile side of AtenFallback (make_fallback).
 #include "onednn_internal.h"
 
+#include <torchcompile/compile/partitioner.h>
+
 namespace torchcompile::backends::onednn::detail {
 
 dnnl::primitive_attr user_scratchpad_attr() {
@@ -235,10 +237,7 @@ std::shared_ptr<Program> Compiler::build(const ScanKernels& scan) {
   scan_ = &scan;
   prog_ = std::make_shared<Program>();
   prog_->buffer_sizes.push_back(0);  // scratchpad
-  gemm_weight_bytes_ = 0;
-  for (const auto& g : groups_)
-    if (g->kind == GroupKind::Linear && g->weight_attr && g->w_sizes.size() == 2)
-      gemm_weight_bytes_ += 4 * g->w_sizes[0] * g->w_sizes[1];
+  weight_bytes_ = graph_weight_bytes(gm_);
   for (Node* n : order_) {
     switch (n->kind()) {
       case NodeKind::Placeholder: {

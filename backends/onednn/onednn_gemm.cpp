@@ -108,8 +108,8 @@ dnnl::matmul::primitive_desc with_spaced_weight_rows(dnnl::matmul::primitive_des
   return pd;
 }
 
-// A static GEMM of at most kFewRows rows, in a program whose prepacked GEMM weights together
-// exceed kStreamedWeightBytes, reads its weight in the plain layout that the same weight's GEMM
+// A static GEMM of at most kFewRows rows, in a graph whose weights together exceed
+// kStreamedWeightBytes (graph_weight_bytes: the whole graph's where this is a part of it), reads its weight in the plain layout that the same weight's GEMM
 // with run-time rows reads (`gemm:jit`, rows spaced as above), where oneDNN takes it, instead of
 // brgemm's blocked layout: both then share one pack (PackedHolder), and a graph with size
 // expressions compiled after the first static sizes (automatic dynamic) packs nothing again.
@@ -118,7 +118,7 @@ dnnl::matmul::primitive_desc with_spaced_weight_rows(dnnl::matmul::primitive_des
 // with brgemm and with `gemm:jit` (AMD EPYC, AVX-512, 2 threads), and the second length's compile
 // went from 30 to 20 ms without the second pack. A weight that stays in the caches between calls
 // is another matter: one GEMM called again and again ran 1.1-1.9x faster with brgemm (1 to 32
-// rows, weights of 64 KB to 4 MB), so smaller programs keep brgemm.
+// rows, weights of 64 KB to 4 MB), so smaller graphs keep brgemm.
 constexpr int64_t kFewRows = 32;
 constexpr int64_t kStreamedWeightBytes = int64_t(32) << 20;
 
@@ -372,7 +372,7 @@ bool Compiler::emit_linear(Group& g, bool batched) {
     if (is_ref_impl(pd->impl_info_str())) continue;
     if (g.weight_attr && !batched) {
       pd = with_spaced_weight_rows(*pd, src_md, g.bias ? bias_md : md_t(), dst_md, attr);
-      if (!rows_vary_ && gemm_weight_bytes_ > kStreamedWeightBytes)
+      if (!rows_vary_ && weight_bytes_ > kStreamedWeightBytes)
         pd = with_rows_program_weight(*pd, src_md, g.bias ? bias_md : md_t(), dst_md, attr);
     }
     g.kept = kept;

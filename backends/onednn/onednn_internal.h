@@ -556,7 +556,7 @@ class Compiler {
   std::vector<std::string> impls_;
   bool rows_vary_ = false;
   std::string rows_obstacle_;
-  int64_t gemm_weight_bytes_ = 0;  // the prepacked weights of the program's 2-D GEMMs together
+  int64_t weight_bytes_ = 0;  // the weights of the graph (of which gm_ may be a part): graph_weight_bytes
 
   // Where a value is during the build: a slot, or a blocked buffer (with its plain slot once a
   // reader needed it plain).

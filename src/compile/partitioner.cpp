@@ -80,6 +80,35 @@ PartitionBackend partition_backend(const std::string& name) {
   return b;
 }
 
+namespace {
+
+int64_t attribute_bytes(const GraphModule& gm) {
+  int64_t bytes = 0;
+  for (const auto& [name, attr] : gm.attributes())
+    if (attr.first.defined() && attr.first.is_floating_point()) bytes += static_cast<int64_t>(attr.first.nbytes());
+  return bytes;
+}
+
+thread_local int64_t tls_whole_graph_weight_bytes = -1;  // while a part compiles
+
+// The whole graph's weight bytes for graph_weight_bytes() while a part compiles.
+class WholeGraphScope {
+ public:
+  explicit WholeGraphScope(int64_t bytes) : before_(tls_whole_graph_weight_bytes) { tls_whole_graph_weight_bytes = bytes; }
+  ~WholeGraphScope() { tls_whole_graph_weight_bytes = before_; }
+  WholeGraphScope(const WholeGraphScope&) = delete;
+  WholeGraphScope& operator=(const WholeGraphScope&) = delete;
+
+ private:
+  int64_t before_;
+};
+
+}  // namespace
+
+int64_t graph_weight_bytes(const GraphModule& gm) {
+  return tls_whole_graph_weight_bytes >= 0 ? tls_whole_graph_weight_bytes : attribute_bytes(gm);
+}
+
 Backend partitioned_backend(std::vector<PartitionBackend> backends, size_t min_size) {
   TORCH_CHECK(!backends.empty(), "partitioned_backend: expected at least one backend");
   for (const auto& b : backends)
@@ -142,6 +171,7 @@ Backend partitioned_backend(std::vector<PartitionBackend> backends, size_t min_s
 
     size_t compiled = 0, interpreted_ops = count_calls(split.parent->graph());  // call_module nodes not counted
     std::vector<std::string> declines;
+    WholeGraphScope whole_graph(attribute_bytes(gm));
     for (size_t i = 0; i < split.parts.size(); ++i) {
       const ir::SplitPart& part = split.parts[i];
       const PartitionBackend& b = backends[runs[i].backend];

@@ -6,6 +6,7 @@
 
 #include <torchcompile/backends/registry.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,12 @@ struct PartitionBackend {
 /// node or every part is declined; a part whose backend throws runs with the interpreter (with
 /// a warning). explain() and TORCHCOMPILE_LOGS=passes list each part and who runs it.
 Backend partitioned_backend(std::vector<PartitionBackend> backends, size_t min_size = 1);
+
+/// The bytes of the floating-point attributes (the weights) a graph reads: those of the whole
+/// graph while partitioned_backend compiles one of its parts on this thread, else those `gm`
+/// holds. A part's backend may choose by whether the weights of the graph it is part of can stay
+/// in the caches from one call to the next.
+int64_t graph_weight_bytes(const GraphModule& gm);
 
 /// The registered backend `name` with its claim (registry.h: register_claim); throws if either is
 /// missing.
