@@ -525,8 +525,9 @@ bool NewSizeCosts::next_by_shapes() {
   const bool cheaper = use_shapes();
   retrying = false;
   if (forced != Forced::No || shapes_us < 0 || traced_us < 0) return cheaper;
-  retrying = ++decided == next_retry;
-  if (retrying) next_retry *= 8;
+  const bool scheduled = ++decided == next_retry;
+  if (scheduled) next_retry *= 8;
+  retrying = scheduled || (decided == 1 && !cheaper);
   return retrying ? !cheaper : cheaper;
 }
 

@@ -739,7 +739,8 @@ TEST_P(DynamicBackends, SizeExpressionGraphIsCheckedAtEveryNewSize) {
 
 // How a new size is checked (NewSizeCosts): by a trace of shapes until both ways have a cost,
 // then by the cheaper so far (running means, so a way whose cost grows past the other's gives
-// way to it; the 8th, 64th ... new size measures the dearer way again); TORCHCOMPILE_NEW_SIZES
+// way to it; the 8th, 64th ... new size measures the dearer way again, and the 1st where that is
+// the trace of shapes); TORCHCOMPILE_NEW_SIZES
 // forces one and a misspelt value fails at torch::compile.
 TEST(Dynamic, NewSizesAreCheckedTheCheaperWay) {
   tcr::NewSizeCosts costs;
@@ -754,19 +755,36 @@ TEST(Dynamic, NewSizesAreCheckedTheCheaperWay) {
   costs.add_shapes(4000);
   EXPECT_FALSE(costs.use_shapes());
   // Decisions by cost: the 8th, 64th, 512th ... take the dearer way, whose cost that call
-  // replaces (a first measurement that paid one-time work does not decide for good).
-  for (unsigned i = 1; i < tcr::NewSizeCosts::kFirstRetry; ++i) EXPECT_FALSE(costs.next_by_shapes()) << i;
-  EXPECT_TRUE(costs.next_by_shapes());
+  // replaces (a first measurement that paid one-time work does not decide for good), and so does
+  // the 1st where the trace of shapes is the dearer way (its first measurement ran the compiled
+  // graph's first call at a new size).
+  ASSERT_EQ(tcr::NewSizeCosts::kFirstRetry, 8u);
+  EXPECT_TRUE(costs.next_by_shapes());  // the 1st: shapes (3000 us against 2000) measured again
   EXPECT_NE(costs.str().find("measuring the dearer way again"), std::string::npos) << costs.str();
   costs.add_shapes(900);  // shapes' mean was (2000 + 4000) / 2: now this call's cost
   EXPECT_DOUBLE_EQ(costs.shapes_us, 900);
-  EXPECT_TRUE(costs.next_by_shapes());
-  costs.add_shapes(1100);  // not a retry: the running mean
+  EXPECT_TRUE(costs.next_by_shapes());  // the 2nd
+  costs.add_shapes(1100);               // not a retry: the running mean
   EXPECT_DOUBLE_EQ(costs.shapes_us, 1000);
-  for (unsigned i = 10; i < 8 * tcr::NewSizeCosts::kFirstRetry; ++i) EXPECT_TRUE(costs.next_by_shapes()) << i;
-  EXPECT_FALSE(costs.next_by_shapes());  // the 64th: the real trace measured again
+  for (unsigned i = 3; i < 8; ++i) EXPECT_TRUE(costs.next_by_shapes()) << i;
+  EXPECT_FALSE(costs.next_by_shapes());  // the 8th: the real trace measured again
   costs.add_traced(700);
-  EXPECT_FALSE(costs.next_by_shapes());
+  EXPECT_DOUBLE_EQ(costs.traced_us, 700);
+  for (unsigned i = 9; i < 64; ++i) EXPECT_FALSE(costs.next_by_shapes()) << i;
+  EXPECT_TRUE(costs.next_by_shapes());  // the 64th: shapes measured again
+  costs.add_shapes(600);
+  EXPECT_TRUE(costs.next_by_shapes());  // the 65th: shapes (600 us) cost less than the real trace (700 us)
+  {
+    // Shapes the cheaper way at the first decision: no early retry.
+    tcr::NewSizeCosts cheap;
+    cheap.add_traced(7000);
+    cheap.add_shapes(4000);
+    for (unsigned i = 1; i < 8; ++i) {
+      EXPECT_TRUE(cheap.next_by_shapes()) << i;
+      EXPECT_EQ(cheap.str().find("measuring"), std::string::npos) << i << ": " << cheap.str();
+    }
+    EXPECT_FALSE(cheap.next_by_shapes());  // the 8th: the real trace measured again
+  }
   costs.forced = tcr::NewSizeCosts::Forced::Shapes;
   EXPECT_TRUE(costs.use_shapes());
   costs.forced = tcr::NewSizeCosts::Forced::Trace;
