@@ -399,6 +399,47 @@ TEST(Capture, LayerNormResultsOnMetaTensorsAreTheRealOnes) {
   EXPECT_GT(declined, 5);
 }
 
+// metadata_at_points (one copy, one interpreter for several input sizes): each point's metadata
+// is what tracing the forward at those sizes records, node by node (a matmul, LayerNorm without
+// a meta kernel in LibTorch 1.13, a view whose sizes are the traced constants, a reduction), and
+// what metadata_at gives for that point alone.
+TEST(Capture, MetadataAtSeveralPointsIsEachPointsTrace) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(5);
+  torch::nn::Linear lin(8, 12);
+  torch::nn::LayerNorm norm(torch::nn::LayerNormOptions({12}));
+  auto fn = [&](std::vector<torch::Tensor> in) {
+    torch::Tensor h = norm->forward(lin->forward(in[0])).relu();
+    return std::vector<torch::Tensor>{h.sum(-1, true) * h, h.transpose(0, 1).contiguous()};
+  };
+  auto gm = trace(fn, {torch::randn({5, 8})});
+  std::vector<std::vector<torch::Tensor>> inputs = {{torch::randn({3, 8})}, {torch::randn({9, 8})}, {torch::randn({1, 8})}};
+  std::vector<std::vector<torchcompile::ir::TensorMeta>> points;
+  for (const auto& in : inputs) points.push_back({torchcompile::ir::TensorMeta::of(in[0])});
+  const auto all = torchcompile::capture::metadata_at_points(*gm, points);
+  ASSERT_EQ(all.size(), points.size());
+  for (size_t p = 0; p < points.size(); ++p) {
+    SCOPED_TRACE("point " + std::to_string(p));
+    auto traced = trace(fn, inputs[p]);
+    const auto alone = torchcompile::capture::metadata_at(*gm, points[p]);
+    size_t compared = 0;
+    for (const auto& n : traced->graph().nodes()) {
+      if (n->kind() != NodeKind::CallFunction) continue;
+      auto it = all[p].find(n->name());
+      ASSERT_NE(it, all[p].end()) << n->name();
+      ASSERT_EQ(it->second.size(), n->output_meta().size()) << n->name();
+      for (size_t o = 0; o < it->second.size(); ++o) {
+        EXPECT_EQ(it->second[o].sizes, n->output_meta()[o].sizes) << n->name();
+        EXPECT_EQ(it->second[o].strides, n->output_meta()[o].strides) << n->name();
+        EXPECT_EQ(it->second[o].dtype, n->output_meta()[o].dtype) << n->name();
+        EXPECT_EQ(alone.at(n->name())[o].sizes, it->second[o].sizes) << n->name();
+      }
+      ++compared;
+    }
+    EXPECT_GE(compared, 6u);
+  }
+}
+
 // PyTorch's fast-path encoder layer (`aten::_transformer_encoder_layer_fwd`, what scripted
 // nn.TransformerEncoderLayer calls in eval mode) is traced as the operators it runs: random
 // layers (post- and pre-norm, relu and gelu, key padding masks, attention masks, none, sizes),
