@@ -110,9 +110,11 @@ dnnl::matmul::primitive_desc with_spaced_weight_rows(dnnl::matmul::primitive_des
 
 // A static GEMM of at most kFewRows rows, in a graph whose weights together exceed
 // kStreamedWeightBytes (graph_weight_bytes: the whole graph's where this is a part of it), reads
-// its weight in the plain layout that the same weight's GEMM with run-time rows reads
-// (`gemm:jit`, rows spaced as above), where oneDNN takes it, instead of brgemm's blocked layout: both then share one pack (PackedHolder), and a graph with size
-// expressions compiled after the first static sizes (automatic dynamic) packs nothing again.
+// its weight in the layout that the same weight's GEMM with run-time rows reads (oneDNN 2.6:
+// `gemm:jit`'s plain layout, rows spaced as above), where oneDNN takes it, instead of the one it
+// picks for these rows (brgemm's blocked layout on AVX-512 machines): both then share one pack
+// (PackedHolder), and a graph with size expressions compiled after the first static sizes
+// (automatic dynamic) packs nothing again.
 // Such a GEMM reads its weight from memory at every call, and then the two kernels ran the same:
 // in GPT's generation (6 layers of 384, 42 MB of weights) GEMMs of 6-32 rows took the same time
 // with brgemm and with `gemm:jit` (AMD EPYC, AVX-512, 2 threads), and the second length's compile
@@ -127,12 +129,21 @@ dnnl::matmul::primitive_desc with_rows_program_weight(dnnl::matmul::primitive_de
                                                       const dnnl::primitive_attr& attr) {
   const md_t chosen = pd.weights_desc();
   const dims d = compat::dims_of(chosen), s = compat::dims_of(src);
-  if (d.size() != 2 || s.size() != 2 || s[0] > kFewRows || plain_row_stride(chosen) != 0) return pd;
-  if ((d[1] * 4) % 512 != 0) return pd;  // oneDNN gives the plain layout to brgemm, not `gemm:jit`
-  const md_t spaced(d, dt::f32, dims{d[1] + kWeightRowSpacing, 1});
+  if (d.size() != 2 || s.size() != 2 || s[0] > kFewRows) return pd;
   try {
-    auto alt = compat::matmul_pd(cpu_engine(), src, spaced, bias, dst, attr);
-    if (std::string(alt.impl_info_str()).rfind("gemm:jit", 0) == 0) return alt;
+    // The layout Compiler::emit_linear gives this weight with run-time rows (post-ops do not
+    // change oneDNN's choice of weight layout).
+    const md_t rows_src({DNNL_RUNTIME_DIM_VAL, d[0]}, dt::f32, tag::ab);
+    const md_t rows_dst({DNNL_RUNTIME_DIM_VAL, d[1]}, dt::f32, tag::ab);
+    const dnnl::primitive_attr plain_attr = user_scratchpad_attr();
+    auto rows = compat::matmul_pd(cpu_engine(), rows_src, md_t(d, dt::f32, tag::any), bias, rows_dst, plain_attr);
+    rows = with_spaced_weight_rows(rows, rows_src, bias, rows_dst, plain_attr);
+    const md_t layout = rows.weights_desc();
+    if (layout == chosen) return pd;
+    auto alt = compat::matmul_pd(cpu_engine(), src, layout, bias, dst, attr);
+    // The kernel of the run-time rows (oneDNN 2.6 gives a plain layout of N = 100 to brgemm for
+    // fixed rows, which would copy it at every call).
+    if (std::string(alt.impl_info_str()) == rows.impl_info_str() && alt.weights_desc() == layout) return alt;
   } catch (const dnnl::error&) {
   }
   return pd;
