@@ -50,15 +50,18 @@ int64_t plain_row_stride(const md_t& m) {
 }
 
 // Writes the 2-D float matrix `w` (K, N), of any strides, into `dst` in the layout `packed_md`.
-// oneDNN's jit reorder reads `w`'s own layout: a Linear's weight, seen as (K, N) with strides
-// (1, K), went into brgemm's blocked layout or the plain layout with spaced rows in 0.1 ms for a
-// 1536 x 384 weight (AMD EPYC, AVX-512 and AVX2 alike), where `contiguous()` followed by the
-// reorder took 0.8-0.9 ms and wrote 2.3 MB more of fresh memory (each page a fault). Where oneDNN
-// has only its generic reorder between the two layouts (`simple:any`: between two plain row-major
-// layouts, several ms for such a weight), ATen copies into a plain destination (0.6-0.8 ms) and
-// any other goes through a contiguous copy.
+// Into a plain layout (`gemm:jit`'s, rows spaced or not), oneDNN's jit reorder reads `w`'s own
+// layout: a Linear's weight, seen as (K, N) with strides (1, K), took 0.1 ms for a 1536 x 384
+// weight (AMD EPYC, AVX-512 and AVX2 alike), where `contiguous()` followed by the reorder took
+// 0.8-0.9 ms and wrote 2.3 MB more of fresh memory (each page a fault). Where oneDNN has only
+// its generic reorder between the two layouts (`simple:any`: between two plain row-major layouts,
+// several ms for such a weight; oneDNN 3's `brgemm_matmul_copy_reorder_t`), ATen copies
+// (0.6-0.8 ms). A blocked layout (brgemm's) is reordered from a contiguous copy: oneDNN 3.7's jit
+// reorder from the transposed layout into a blocked one wrote wrong values where K or N is not a
+// multiple of the block (24 x 40, 96 x 100).
 void pack_weight(const at::Tensor& w, const md_t& packed_md, void* dst) {
-  if (w.scalar_type() == at::kFloat && !w.is_neg() && !w.is_conj() &&
+  const int64_t ld = plain_row_stride(packed_md);
+  if (ld != 0 && w.scalar_type() == at::kFloat && !w.is_neg() && !w.is_conj() &&
       std::all_of(w.strides().begin(), w.strides().end(), [](int64_t s) { return s > 0; })) {
     const md_t user = plain_md(w.sizes().vec(), w.strides().vec());
     try {
@@ -73,7 +76,7 @@ void pack_weight(const at::Tensor& w, const md_t& packed_md, void* dst) {
     } catch (const dnnl::error&) {
     }
   }
-  if (const int64_t ld = plain_row_stride(packed_md)) {
+  if (ld != 0) {
     at::from_blob(dst, w.sizes(), {ld, 1}, at::TensorOptions().dtype(at::kFloat)).copy_(w);
     return;
   }
