@@ -61,8 +61,8 @@ TEST(PartitionedBackend, ComposesAUsersBackendByItsClaim) {
 }
 
 // While a part compiles, graph_weight_bytes() gives the weights of the whole graph (every
-// floating-point attribute it reads), not those of the part; a graph compiled whole gives its
-// own; after the compile, a part's graph module gives its own again.
+// floating-point attribute it reads), not those of the part; outside a partitioned compile a
+// graph module gives its own (an empty one 0).
 TEST(PartitionedBackend, PartsSeeTheWholeGraphsWeightBytes) {
   if (!torchcompile::has_backend("fused")) GTEST_SKIP() << "fused is not in this build";
   torch::NoGradGuard no_grad;
