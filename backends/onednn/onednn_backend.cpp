@@ -4,6 +4,7 @@
 // of the compiler is: onednn_internal.h.
 #include "onednn_internal.h"
 
+#include <torchcompile/compile/partitioner.h>
 #include <torchcompile/ir/split.h>
 #include <torchcompile/support/logging.h>
 
@@ -50,13 +51,14 @@ struct ProgramsByThreads {
   std::map<int, std::shared_ptr<Program>> others;
 };
 
-CompiledFn for_thread_counts(GraphModule& gm, bool vary_rows, const ScanKernels& scan, std::shared_ptr<Program> prog) {
+CompiledFn for_thread_counts(GraphModule& gm, bool vary_rows, int64_t weight_bytes, const ScanKernels& scan,
+                             std::shared_ptr<Program> prog) {
   auto state = std::make_shared<ProgramsByThreads>();
   state->threads = at::get_num_threads();
   state->first = std::move(prog);
   GraphModule* graph = &gm;  // lives as long as the compiled function (the backend contract)
   const ScanKernels* kernels = &scan;
-  return [state, graph, vary_rows, kernels](std::vector<at::Tensor> inputs) {
+  return [state, graph, vary_rows, weight_bytes, kernels](std::vector<at::Tensor> inputs) {
     const int threads = at::get_num_threads();
     if (C10_LIKELY(threads == state->threads)) return state->first->run(std::move(inputs));
     std::shared_ptr<Program> prog;
@@ -68,6 +70,7 @@ CompiledFn for_thread_counts(GraphModule& gm, bool vary_rows, const ScanKernels&
                          " intra-op thread(s) (built for ", state->threads, ")");
         Compiler c(*graph);
         if (vary_rows) c.vary_rows();
+        c.set_weight_bytes(weight_bytes);
         c.match();
         slot = c.build(*kernels);
       }
@@ -77,7 +80,9 @@ CompiledFn for_thread_counts(GraphModule& gm, bool vary_rows, const ScanKernels&
   };
 }
 
-Compiled compile_graph(GraphModule& gm, const std::vector<at::Tensor>& example_inputs, bool vary_rows) {
+// `weight_bytes`: Compiler::set_weight_bytes, where not this compile's graph_weight_bytes (< 0).
+Compiled compile_graph(GraphModule& gm, const std::vector<at::Tensor>& example_inputs, bool vary_rows,
+                       int64_t weight_bytes = -1) {
   if (needs_autograd(gm, example_inputs)) return declined(kNeedsAutogradReason);
   for (const auto& n : gm.graph().nodes())
     if (n->kind() == NodeKind::CallModule) return declined("the graph has call_module nodes");
@@ -87,6 +92,7 @@ Compiled compile_graph(GraphModule& gm, const std::vector<at::Tensor>& example_i
   try {
     c = std::make_unique<Compiler>(gm);
     if (vary_rows) c->vary_rows();
+    if (weight_bytes >= 0) c->set_weight_bytes(weight_bytes);
     c->match();
   } catch (const std::exception& e) {
     return compile_error(e);
@@ -110,7 +116,7 @@ Compiled compile_graph(GraphModule& gm, const std::vector<at::Tensor>& example_i
       const auto* mm = dynamic_cast<const MatmulStep*>(step.get());
       result.rows_gemms += mm && mm->rows_k;
     }
-    result.fn = for_thread_counts(gm, vary_rows, scan, std::move(prog));
+    result.fn = for_thread_counts(gm, vary_rows, c->weight_bytes(), scan, std::move(prog));
   } catch (const std::exception& e) {
     return compile_error(e);
   }
@@ -181,7 +187,15 @@ CompiledFn compile_symbolic(GraphModule& gm, const std::vector<at::Tensor>& exam
   if (!rows.fn) {
     TORCHCOMPILE_LOG(logging::LogKind::Dynamic, "onednn: primitives per size: ", rows.reason);
     torchcompile::detail::take_decline_reason();
-    return compile_per_shape(gm, example_inputs, &onednn_backend);
+    // The sizes compiled later (outside a partitioned compile) keep this graph's weight bytes.
+    const int64_t weight_bytes = graph_weight_bytes(gm);
+    return compile_per_shape(gm, example_inputs,
+                             [weight_bytes](GraphModule& g, const std::vector<at::Tensor>& in) -> CompiledFn {
+                               onednn::Compiled c = onednn::compile_graph(g, in, /*vary_rows=*/false, weight_bytes);
+                               if (!c.fn) return nullptr;  // declined (the reason given to torchcompile::decline)
+                               report(c);
+                               return std::move(c.fn);
+                             });
   }
   std::shared_ptr<GraphModule> example(ir::copy_module(gm));
   example->graph().clear_symbols();

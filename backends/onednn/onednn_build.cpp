@@ -6,8 +6,6 @@
 // the compile side of AtenFallback (make_fallback).
 #include "onednn_internal.h"
 
-#include <torchcompile/compile/partitioner.h>
-
 namespace torchcompile::backends::onednn::detail {
 
 dnnl::primitive_attr user_scratchpad_attr() {
@@ -237,7 +235,6 @@ std::shared_ptr<Program> Compiler::build(const ScanKernels& scan) {
   scan_ = &scan;
   prog_ = std::make_shared<Program>();
   prog_->buffer_sizes.push_back(0);  // scratchpad
-  weight_bytes_ = graph_weight_bytes(gm_);
   for (Node* n : order_) {
     switch (n->kind()) {
       case NodeKind::Placeholder: {

@@ -469,6 +469,10 @@ class Compiler {
   /// of another kind, a weight that is not an attribute, a symbolic reduced dimension), empty if
   /// it can.
   void vary_rows() { rows_vary_ = true; }
+  /// The weights of the graph `gm` is a part of (graph_weight_bytes at the first compile, which a
+  /// rebuild outside it keeps: its choices of weight layout stay the same).
+  void set_weight_bytes(int64_t bytes) { weight_bytes_ = bytes; }
+  int64_t weight_bytes() const { return weight_bytes_; }
   const std::string& rows_obstacle() const { return rows_obstacle_; }
 
  private:
@@ -556,7 +560,7 @@ class Compiler {
   std::vector<std::string> impls_;
   bool rows_vary_ = false;
   std::string rows_obstacle_;
-  int64_t weight_bytes_ = 0;  // the weights of the graph (of which gm_ may be a part): graph_weight_bytes
+  int64_t weight_bytes_ = 0;  // the weights of the graph of which gm_ may be a part (set_weight_bytes)
 
   // Where a value is during the build: a slot, or a blocked buffer (with its plain slot once a
   // reader needed it plain).

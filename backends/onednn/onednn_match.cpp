@@ -6,6 +6,8 @@
 // groups' labels (Compiled::fused).
 #include "onednn_internal.h"
 
+#include <torchcompile/compile/partitioner.h>
+
 #include <cfloat>
 
 namespace torchcompile::backends::onednn::detail {
@@ -183,7 +185,7 @@ std::string make_label(const Group& g, size_t kept) {
 
 // ---- the matching pass --------------------------------------------------------------------------
 
-Compiler::Compiler(GraphModule& gm) : gm_(gm) {
+Compiler::Compiler(GraphModule& gm) : gm_(gm), weight_bytes_(graph_weight_bytes(gm)) {
   size_t i = 0;
   for (const auto& n : gm.graph().nodes()) {
     order_.push_back(n.get());
