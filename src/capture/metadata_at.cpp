@@ -188,10 +188,23 @@ std::optional<std::vector<at::Tensor>> layer_norm_on_meta(const c10::OperatorHan
   return std::vector<at::Tensor>{at::empty(x.sizes(), options), at::empty(stat, options), at::empty(stat, options)};
 }
 
+std::optional<at::Tensor> embedding_on_meta(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args) {
+  if (op.schema().name() != "aten::embedding" || args.size() != 5 || !args[0].isTensor() || !args[1].isTensor())
+    return std::nullopt;
+  const at::Tensor &weight = args[0].toTensor(), &indices = args[1].toTensor();
+  if (!weight.defined() || !indices.defined() || !weight.is_meta() || !indices.is_meta() || weight.dim() != 2 ||
+      (indices.scalar_type() != at::kLong && indices.scalar_type() != at::kInt))
+    return std::nullopt;
+  std::vector<int64_t> sizes(indices.sizes().begin(), indices.sizes().end());
+  sizes.push_back(weight.size(1));
+  return at::empty(sizes, weight.options().device(c10::kMeta).requires_grad(false));
+}
+
 std::optional<std::vector<at::Tensor>> result_on_meta(const c10::OperatorHandle& op,
                                                       const std::vector<c10::IValue>& args) {
   if (auto r = pointwise_on_meta(op, args)) return std::vector<at::Tensor>{std::move(*r)};
   if (auto r = convolution_on_meta(op, args)) return std::vector<at::Tensor>{std::move(*r)};
+  if (auto r = embedding_on_meta(op, args)) return std::vector<at::Tensor>{std::move(*r)};
   return layer_norm_on_meta(op, args);
 }
 

@@ -50,8 +50,13 @@ std::optional<at::Tensor> convolution_on_meta(const c10::OperatorHandle& op, con
 std::optional<std::vector<at::Tensor>> layer_norm_on_meta(const c10::OperatorHandle& op,
                                                           const std::vector<c10::IValue>& args);
 
-/// pointwise_on_meta, convolution_on_meta, then layer_norm_on_meta: the results of an op without
-/// a meta kernel that are known without running it.
+/// The result of `aten::embedding` (no meta kernel in LibTorch 1.13: it runs `index_select`) on
+/// the meta tensors in `args`: the indices' sizes followed by the embedding dimension, contiguous,
+/// of the weight's dtype. For a 2-D weight and int64 or int32 indices; nullopt otherwise.
+std::optional<at::Tensor> embedding_on_meta(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args);
+
+/// pointwise_on_meta, convolution_on_meta, embedding_on_meta, then layer_norm_on_meta: the
+/// results of an op without a meta kernel that are known without running it.
 std::optional<std::vector<at::Tensor>> result_on_meta(const c10::OperatorHandle& op,
                                                       const std::vector<c10::IValue>& args);
 

@@ -527,7 +527,8 @@ bool NewSizeCosts::next_by_shapes() {
   if (forced != Forced::No || shapes_us < 0 || traced_us < 0) return cheaper;
   const bool scheduled = ++decided == next_retry;
   if (scheduled) next_retry *= 8;
-  retrying = scheduled || (decided == 1 && !cheaper);
+  const double cheap_us = cheaper ? shapes_us : traced_us, dear_us = cheaper ? traced_us : shapes_us;
+  retrying = (scheduled && dear_us <= kRetryWithin * cheap_us) || (decided == 1 && !cheaper);
   return retrying ? !cheaper : cheaper;
 }
 

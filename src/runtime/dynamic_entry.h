@@ -339,6 +339,12 @@ struct NewSizeCosts {
   /// new process, later ones ~4.5 ms; with the first retry at the 8th size, 7 lengths were
   /// checked by real traces of ~9 ms). A real trace's first cost is a trace's: no early retry.
   static constexpr unsigned kFirstRetry = 8;
+  /// A scheduled retry (not the first decision's) takes place only where the dearer way's cost
+  /// is at most this many times the cheaper's: further apart, drift is not what separates them,
+  /// and the retry would cost the difference for nothing (a 6-layer GPT's generation: a real
+  /// trace 7-9 ms, a check by shapes with the compiled call 4-4.5 ms; the retry at its 8th
+  /// length cost one call 4 ms more, 3% of the 24 tokens' time).
+  static constexpr double kRetryWithin = 1.5;
   unsigned decided = 0;             ///< new sizes decided by cost
   unsigned next_retry = kFirstRetry;  ///< the decision that retries
   bool retrying = false;            ///< the last decision took the dearer way

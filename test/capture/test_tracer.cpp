@@ -336,6 +336,54 @@ TEST(Capture, ConvolutionResultsOnMetaTensorsAreTheRealOnes) {
   EXPECT_GT(computed, 150);
 }
 
+// embedding_on_meta (what shape-only traces and the size fit give an Embedding, whose op has no
+// meta kernel in LibTorch 1.13, instead of running it on zeros of the real sizes): for random
+// weights and indices (0-3-D, int64 or int32, contiguous or not) the result has the sizes,
+// strides and dtype of the real op's; for a weight that is not 2-D or float indices, nullopt.
+TEST(Capture, EmbeddingResultOnMetaTensorsIsTheRealOne) {
+  std::mt19937 rng(73);
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  auto op = c10::Dispatcher::singleton().findSchema({"aten::embedding", ""});
+  ASSERT_TRUE(op.has_value());
+  int computed = 0, declined = 0;
+  for (int round = 0; round < 200; ++round) {
+    const at::ScalarType wtype = pick(0, 2) == 0 ? at::kDouble : at::kFloat;
+    const int misfit = pick(0, 7);  // 0: a 3-D weight, 1: float indices
+    const at::Tensor weight =
+        misfit == 0 ? at::zeros({pick(1, 9), pick(1, 5), 2}, at::TensorOptions().dtype(wtype))
+                    : at::zeros({pick(1, 9), pick(1, 7)}, at::TensorOptions().dtype(wtype));
+    std::vector<int64_t> is;
+    for (int d = pick(0, 3); d > 0; --d) is.push_back(pick(1, 5));
+    at::Tensor indices = at::zeros(is, at::TensorOptions().dtype(pick(0, 1) ? at::kLong : at::kInt));
+    if (indices.dim() >= 2 && pick(0, 1)) indices = indices.transpose(0, 1);
+    if (misfit == 1) indices = indices.to(at::kFloat);
+    const std::vector<c10::IValue> args = {weight, indices, int64_t(pick(-1, 0)), false, false};
+    std::vector<c10::IValue> on_meta;
+    for (const c10::IValue& a : args)
+      on_meta.push_back(a.isTensor() ? c10::IValue(at::empty_strided(a.toTensor().sizes(), a.toTensor().strides(),
+                                                                      a.toTensor().options().device(c10::kMeta)))
+                                     : a);
+    const auto got = torchcompile::capture::embedding_on_meta(*op, on_meta);
+    const std::string what = c10::str("weight ", weight.sizes(), " indices ", indices.sizes(), " ", indices.scalar_type());
+    if (misfit <= 1) {
+      EXPECT_FALSE(got.has_value()) << what;
+      ++declined;
+      continue;
+    }
+    ASSERT_TRUE(got.has_value()) << what;
+    ++computed;
+    torch::jit::Stack stack(args.begin(), args.end());
+    op->callBoxed(&stack);
+    const at::Tensor& expected = stack.at(0).toTensor();
+    EXPECT_TRUE(got->is_meta()) << what;
+    EXPECT_EQ(got->sizes(), expected.sizes()) << what;
+    EXPECT_EQ(got->strides(), expected.strides()) << what;
+    EXPECT_EQ(got->scalar_type(), expected.scalar_type()) << what;
+  }
+  EXPECT_GT(computed, 100);
+  EXPECT_GT(declined, 20);
+}
+
 // layer_norm_on_meta (what shape-only traces give LayerNorm, whose `native_layer_norm` has no
 // meta kernel, instead of running it on zeros of the real sizes): for random inputs (1-4-D, float
 // or double, one to all trailing dimensions normalized, with and without weight and bias) the

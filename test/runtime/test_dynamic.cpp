@@ -739,8 +739,8 @@ TEST_P(DynamicBackends, SizeExpressionGraphIsCheckedAtEveryNewSize) {
 
 // How a new size is checked (NewSizeCosts): by a trace of shapes until both ways have a cost,
 // then by the cheaper so far (running means, so a way whose cost grows past the other's gives
-// way to it; the 8th, 64th ... new size measures the dearer way again, and the 1st where that is
-// the trace of shapes); TORCHCOMPILE_NEW_SIZES
+// way to it; the 8th, 64th ... new size measures the dearer way again where it cost at most 1.5x
+// the cheaper, and the 1st where that is the trace of shapes); TORCHCOMPILE_NEW_SIZES
 // forces one and a misspelt value fails at torch::compile.
 TEST(Dynamic, NewSizesAreCheckedTheCheaperWay) {
   tcr::NewSizeCosts costs;
@@ -767,23 +767,30 @@ TEST(Dynamic, NewSizesAreCheckedTheCheaperWay) {
   costs.add_shapes(1100);               // not a retry: the running mean
   EXPECT_DOUBLE_EQ(costs.shapes_us, 1000);
   for (unsigned i = 3; i < 8; ++i) EXPECT_TRUE(costs.next_by_shapes()) << i;
-  EXPECT_FALSE(costs.next_by_shapes());  // the 8th: the real trace measured again
+  // The 8th: the real trace (2000 us) costs more than 1.5x shapes (1000 us): no retry.
+  ASSERT_EQ(tcr::NewSizeCosts::kRetryWithin, 1.5);
+  EXPECT_TRUE(costs.next_by_shapes());
+  EXPECT_EQ(costs.str().find("measuring"), std::string::npos) << costs.str();
+  costs.traced_us = 1500;  // within 1.5x
+  for (unsigned i = 9; i < 64; ++i) EXPECT_TRUE(costs.next_by_shapes()) << i;
+  EXPECT_FALSE(costs.next_by_shapes());  // the 64th: the real trace measured again
   costs.add_traced(700);
   EXPECT_DOUBLE_EQ(costs.traced_us, 700);
-  for (unsigned i = 9; i < 64; ++i) EXPECT_FALSE(costs.next_by_shapes()) << i;
-  EXPECT_TRUE(costs.next_by_shapes());  // the 64th: shapes measured again
+  for (unsigned i = 65; i < 512; ++i) EXPECT_FALSE(costs.next_by_shapes()) << i;
+  EXPECT_TRUE(costs.next_by_shapes());  // the 512th: shapes (1000 us, within 1.5x of 700) measured again
   costs.add_shapes(600);
-  EXPECT_TRUE(costs.next_by_shapes());  // the 65th: shapes (600 us) cost less than the real trace (700 us)
-  {
-    // Shapes the cheaper way at the first decision: no early retry.
+  EXPECT_TRUE(costs.next_by_shapes());  // the 513th: shapes (600 us) cost less than the real trace (700 us)
+  // Shapes the cheaper way at the first decision: no early retry; at the 8th a retry where the
+  // real trace costs at most 1.5x shapes.
+  for (double traced : {5000.0, 7000.0}) {
     tcr::NewSizeCosts cheap;
-    cheap.add_traced(7000);
+    cheap.add_traced(traced);
     cheap.add_shapes(4000);
     for (unsigned i = 1; i < 8; ++i) {
       EXPECT_TRUE(cheap.next_by_shapes()) << i;
       EXPECT_EQ(cheap.str().find("measuring"), std::string::npos) << i << ": " << cheap.str();
     }
-    EXPECT_FALSE(cheap.next_by_shapes());  // the 8th: the real trace measured again
+    EXPECT_EQ(cheap.next_by_shapes(), traced > 6000) << "the 8th, real trace " << traced << " us";
   }
   costs.forced = tcr::NewSizeCosts::Forced::Shapes;
   EXPECT_TRUE(costs.use_shapes());
