@@ -32,6 +32,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 #include "examples/models.h"
@@ -233,17 +234,21 @@ struct GptConfig {
 };
 constexpr GptConfig kNanoGptChar{65, 256, 6, 6, 384};
 
-Case make_gpt_case(bool fresh, GptConfig cfg = {}) {
+// `dynamic`: unset is automatic dynamic (the first length compiled static), true marks every
+// dimension dynamic from the first call (that length's trace is kept as a sample, not compiled).
+Case make_gpt_case(bool fresh, GptConfig cfg = {}, std::optional<bool> dynamic = std::nullopt) {
   torch::manual_seed(0);
   tc_test::TinyGpt gpt(cfg.vocab, cfg.block, cfg.layers, cfg.heads, cfg.features);
   gpt->eval();
   auto eager = [gpt](const torch::Tensor& prompt) mutable {
     return tc_test::generate([&](const torch::Tensor& idx) { return gpt->forward(idx); }, prompt, 24);
   };
-  using Fast = decltype(torch::compile(gpt.ptr(), "default"));
-  auto fast = std::make_shared<Fast>(torch::compile(gpt.ptr(), "default"));
-  auto compiled = [gpt, fast, fresh](const torch::Tensor& prompt) {
-    if (fresh) *fast = torch::compile(gpt.ptr(), "default");
+  torchcompile::CompileOptions options("default");
+  options.dynamic = dynamic;
+  using Fast = decltype(torch::compile(gpt.ptr(), options));
+  auto fast = std::make_shared<Fast>(torch::compile(gpt.ptr(), options));
+  auto compiled = [gpt, fast, fresh, options](const torch::Tensor& prompt) {
+    if (fresh) *fast = torch::compile(gpt.ptr(), options);
     return tc_test::generate([&](const torch::Tensor& idx) { return (*fast)(idx); }, prompt, 24);
   };
   Case k{eager, compiled, torch::randint(0, cfg.vocab, {1, 5}), {}};
@@ -264,6 +269,10 @@ Case& gpt_char_warm() {
 }
 Case& gpt_char_fresh() {
   static Case c = make_gpt_case(true, kNanoGptChar);
+  return c;
+}
+Case& gpt_char_fresh_dynamic() {
+  static Case c = make_gpt_case(true, kNanoGptChar, true);
   return c;
 }
 
@@ -584,6 +593,10 @@ void BM_GptChar_Generate24_Fresh_Compiled(benchmark::State& s) {
 }
 BENCHMARK(BM_GptChar_Generate24_Warm_Compiled)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_GptChar_Generate24_Fresh_Compiled)->UseManualTime()->Unit(benchmark::kMillisecond);
+void BM_GptChar_Generate24_FreshDynamic_Compiled(benchmark::State& s) {
+  run_compiled(s, gpt_char_fresh_dynamic, "GPT (nanoGPT char config) generate 24, fresh, dynamic = true");
+}
+BENCHMARK(BM_GptChar_Generate24_FreshDynamic_Compiled)->UseManualTime()->Unit(benchmark::kMillisecond);
 void BM_NoOp_Eager(benchmark::State& s) { run_eager(s, noop); }
 void BM_NoOp_Compiled(benchmark::State& s) { run_compiled(s, noop, "NoOp module (8,8)"); }
 void BM_M7_Toy_Eager(benchmark::State& s) { run_eager(s, m7); }
