@@ -336,6 +336,50 @@ TEST(Capture, ConvolutionResultsOnMetaTensorsAreTheRealOnes) {
   EXPECT_GT(computed, 150);
 }
 
+namespace {
+
+// Meta copies of the tensors in `args` (same sizes and strides).
+std::vector<c10::IValue> on_meta_device(const std::vector<c10::IValue>& args) {
+  std::vector<c10::IValue> out;
+  for (const c10::IValue& a : args) {
+    if (!a.isTensor() || !a.toTensor().defined()) {
+      out.push_back(a);
+      continue;
+    }
+    const at::Tensor& t = a.toTensor();
+    out.push_back(at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta)));
+  }
+  return out;
+}
+
+// What a `*_on_meta` function gave (`got`) for `op` on meta copies of `args`: nullopt where the
+// case `declines`, else results with the sizes, strides and dtypes of the op's real results on
+// `args`. Counts the cases.
+void expect_meta_results(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args,
+                         const std::optional<std::vector<at::Tensor>>& got, bool declines, const std::string& what,
+                         int& computed, int& declined) {
+  if (declines) {
+    EXPECT_FALSE(got.has_value()) << what;
+    ++declined;
+    return;
+  }
+  ASSERT_TRUE(got.has_value()) << what;
+  ++computed;
+  torch::jit::Stack stack(args.begin(), args.end());
+  op.callBoxed(&stack);
+  ASSERT_EQ(got->size(), stack.size()) << what;
+  for (size_t i = 0; i < stack.size(); ++i) {
+    const at::Tensor& expected = stack[i].toTensor();
+    const at::Tensor& result = (*got)[i];
+    EXPECT_TRUE(result.is_meta()) << what << ", result " << i;
+    EXPECT_EQ(result.sizes(), expected.sizes()) << what << ", result " << i;
+    EXPECT_EQ(result.strides(), expected.strides()) << what << ", result " << i;
+    EXPECT_EQ(result.scalar_type(), expected.scalar_type()) << what << ", result " << i;
+  }
+}
+
+}  // namespace
+
 // embedding_on_meta (what shape-only traces and the size fit give an Embedding, whose op has no
 // meta kernel in LibTorch 1.13, instead of running it on zeros of the real sizes): for random
 // weights and indices (0-3-D, int64 or int32, contiguous or not) the result has the sizes,
@@ -358,27 +402,11 @@ TEST(Capture, EmbeddingResultOnMetaTensorsIsTheRealOne) {
     if (indices.dim() >= 2 && pick(0, 1)) indices = indices.transpose(0, 1);
     if (misfit == 1) indices = indices.to(at::kFloat);
     const std::vector<c10::IValue> args = {weight, indices, int64_t(pick(-1, 0)), false, false};
-    std::vector<c10::IValue> on_meta;
-    for (const c10::IValue& a : args)
-      on_meta.push_back(a.isTensor() ? c10::IValue(at::empty_strided(a.toTensor().sizes(), a.toTensor().strides(),
-                                                                      a.toTensor().options().device(c10::kMeta)))
-                                     : a);
-    const auto got = torchcompile::capture::embedding_on_meta(*op, on_meta);
+    std::optional<std::vector<at::Tensor>> got;
+    if (auto r = torchcompile::capture::embedding_on_meta(*op, on_meta_device(args))) got = std::vector<at::Tensor>{*r};
     const std::string what = c10::str("weight ", weight.sizes(), " indices ", indices.sizes(), " ", indices.scalar_type());
-    if (misfit <= 1) {
-      EXPECT_FALSE(got.has_value()) << what;
-      ++declined;
-      continue;
-    }
-    ASSERT_TRUE(got.has_value()) << what;
-    ++computed;
-    torch::jit::Stack stack(args.begin(), args.end());
-    op->callBoxed(&stack);
-    const at::Tensor& expected = stack.at(0).toTensor();
-    EXPECT_TRUE(got->is_meta()) << what;
-    EXPECT_EQ(got->sizes(), expected.sizes()) << what;
-    EXPECT_EQ(got->strides(), expected.strides()) << what;
-    EXPECT_EQ(got->scalar_type(), expected.scalar_type()) << what;
+    expect_meta_results(*op, args, got, misfit <= 1, what, computed, declined);
+    if (HasFatalFailure()) return;
   }
   EXPECT_GT(computed, 100);
   EXPECT_GT(declined, 20);
@@ -392,11 +420,6 @@ TEST(Capture, EmbeddingResultOnMetaTensorsIsTheRealOne) {
 TEST(Capture, LayerNormResultsOnMetaTensorsAreTheRealOnes) {
   std::mt19937 rng(72);
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  auto meta = [](const c10::IValue& a) -> c10::IValue {
-    if (!a.isTensor() || !a.toTensor().defined()) return a;
-    const at::Tensor& t = a.toTensor();
-    return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
-  };
   auto native_op = c10::Dispatcher::singleton().findSchema({"aten::native_layer_norm", ""});
   auto composite_op = c10::Dispatcher::singleton().findSchema({"aten::layer_norm", ""});
   ASSERT_TRUE(native_op.has_value() && composite_op.has_value());
@@ -418,30 +441,12 @@ TEST(Capture, LayerNormResultsOnMetaTensorsAreTheRealOnes) {
     const at::Tensor b = affine && pick(0, 1) ? at::zeros(normalized, x.options()) : at::Tensor();
     std::vector<c10::IValue> args = {x, normalized, w, b, 1e-5};
     if (!native) args.push_back(true);  // cudnn_enable
-    std::vector<c10::IValue> on_meta;
-    for (const c10::IValue& a : args) on_meta.push_back(meta(a));
-    const auto got = torchcompile::capture::layer_norm_on_meta(op, on_meta);
+    const auto got = torchcompile::capture::layer_norm_on_meta(op, on_meta_device(args));
     const std::string what = c10::str(native ? "native_layer_norm " : "layer_norm ", at::IntArrayRef(xs),
                                       " normalized ", at::IntArrayRef(normalized), " ", dtype, affine ? " affine" : "");
-    if (misfit) {
-      EXPECT_FALSE(got.has_value()) << what;
-      ++declined;
-      continue;
-    }
-    ASSERT_TRUE(got.has_value()) << what;
-    ++computed;
-    torch::jit::Stack stack(args.begin(), args.end());
-    op.callBoxed(&stack);
-    ASSERT_EQ(stack.size(), native ? 3u : 1u);
-    ASSERT_EQ(got->size(), stack.size());
-    for (size_t i = 0; i < stack.size(); ++i) {
-      const at::Tensor& expected = stack[i].toTensor();
-      const at::Tensor& result = (*got)[i];
-      EXPECT_TRUE(result.is_meta()) << what << ", result " << i;
-      EXPECT_EQ(result.sizes(), expected.sizes()) << what << ", result " << i;
-      EXPECT_EQ(result.strides(), expected.strides()) << what << ", result " << i;
-      EXPECT_EQ(result.scalar_type(), expected.scalar_type()) << what << ", result " << i;
-    }
+    if (got) EXPECT_EQ(got->size(), native ? 3u : 1u) << what;
+    expect_meta_results(op, args, got, misfit, what, computed, declined);
+    if (HasFatalFailure()) return;
   }
   EXPECT_GT(computed, 100);
   EXPECT_GT(declined, 5);
