@@ -234,8 +234,9 @@ struct GptConfig {
 };
 constexpr GptConfig kNanoGptChar{65, 256, 6, 6, 384};
 
-// `dynamic`: unset is automatic dynamic (the first length compiled static), true marks every
-// dimension dynamic from the first call (that length's trace is kept as a sample, not compiled).
+// `dynamic`: unset is automatic dynamic, true marks every dimension dynamic from the first call;
+// a size host code reads (the GPT's length) stays static until it changes under both, so both
+// compile the first length's graph static and the second's with size expressions.
 Case make_gpt_case(bool fresh, GptConfig cfg = {}, std::optional<bool> dynamic = std::nullopt) {
   torch::manual_seed(0);
   tc_test::TinyGpt gpt(cfg.vocab, cfg.block, cfg.layers, cfg.heads, cfg.features);
