@@ -177,6 +177,14 @@ void report(const onednn::Compiled& c) {
   if (c.aten_ops) report_partition("aten: " + std::to_string(c.aten_ops) + " other operator(s)");
 }
 
+// A compiled graph's function, its partitions reported; nullptr where onednn declined (the
+// reason given to torchcompile::decline).
+CompiledFn reported(onednn::Compiled c) {
+  if (!c.fn) return nullptr;
+  report(c);
+  return std::move(c.fn);
+}
+
 // A graph with size symbols: one program for every size where they size only GEMM rows
 // (compile_rows), else one compiled graph per combination of the symbols' values. The example
 // sizes keep a program of their own where oneDNN's kernels for fixed sizes are other than its
@@ -189,13 +197,9 @@ CompiledFn compile_symbolic(GraphModule& gm, const std::vector<at::Tensor>& exam
     torchcompile::detail::take_decline_reason();
     // The sizes compiled later (outside a partitioned compile) keep this graph's weight bytes.
     const int64_t weight_bytes = graph_weight_bytes(gm);
-    return compile_per_shape(gm, example_inputs,
-                             [weight_bytes](GraphModule& g, const std::vector<at::Tensor>& in) -> CompiledFn {
-                               onednn::Compiled c = onednn::compile_graph(g, in, /*vary_rows=*/false, weight_bytes);
-                               if (!c.fn) return nullptr;  // declined (the reason given to torchcompile::decline)
-                               report(c);
-                               return std::move(c.fn);
-                             });
+    return compile_per_shape(gm, example_inputs, [weight_bytes](GraphModule& g, const std::vector<at::Tensor>& in) {
+      return reported(onednn::compile_graph(g, in, /*vary_rows=*/false, weight_bytes));
+    });
   }
   std::shared_ptr<GraphModule> example(ir::copy_module(gm));
   example->graph().clear_symbols();
@@ -225,10 +229,7 @@ CompiledFn compile_symbolic(GraphModule& gm, const std::vector<at::Tensor>& exam
 
 CompiledFn onednn_backend(GraphModule& gm, const std::vector<at::Tensor>& example_inputs) {
   if (!gm.graph().symbols().empty()) return compile_symbolic(gm, example_inputs);
-  onednn::Compiled c = onednn::compile(gm, example_inputs);
-  if (!c.fn) return nullptr;  // declined (compile() gave the reason to torchcompile::decline)
-  report(c);
-  return std::move(c.fn);
+  return reported(onednn::compile(gm, example_inputs));
 }
 
 void register_onednn_backend() {
